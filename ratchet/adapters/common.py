@@ -1,0 +1,37 @@
+"""Helpers shared by the adapters."""
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import orjson
+
+_SWE_ID = re.compile(r"^(?P<owner>[\w.-]+)__(?P<name>[\w.-]+)-(?P<num>\d+)$")
+
+
+def instance_from_path(source: Path | None, suffixes: tuple[str, ...]) -> str | None:
+    """`astropy__astropy-12907.traj.json` -> `astropy__astropy-12907`."""
+    if source is None:
+        return None
+    name = source.name
+    for s in suffixes:
+        if name.endswith(s):
+            return name[: -len(s)]
+    return None
+
+
+def repo_of(instance_id: str | None) -> str | None:
+    """SWE-bench instance ids encode the repository: `django__django-11099` -> `django/django`."""
+    m = _SWE_ID.match(instance_id or "")
+    return f"{m['owner']}/{m['name']}" if m else None
+
+
+def stable_id(prefix: str, rec: dict) -> str:
+    """Id for a foreign record that carries none: a hash of its content."""
+    return f"{prefix}:{hashlib.sha256(orjson.dumps(rec, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]}"
+
+
+def tool_call(call_id: str, name: str, arguments) -> dict:
+    args = arguments if isinstance(arguments, str) else orjson.dumps(arguments if arguments is not None else {}).decode()
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}

@@ -1,0 +1,134 @@
+"""Build and verify the repair tasks of one HumanEval problem (runs inside a pool worker)."""
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+from collections import Counter
+
+from sandboxes.bundle import DEFAULT_FORBIDDEN, TaskBundle
+from sandboxes.humaneval.issue import write_issue
+from sandboxes.humaneval.mutate import code_lines, entry_function, mutants
+from sandboxes.humaneval.operators import Edit, all_edits
+from sandboxes.humaneval.runner import run_program
+from sandboxes.humaneval.testgen import SOLUTION_FILE, TEST_FILE, generate_tests
+
+ENVIRONMENT_ID = "env://ratchet-humaneval-repair@v1"
+GENERATOR_VERSION = "humaneval-repair/5"
+# Deterministic work limit: line events in solution.py per program. Untraced Python runs at most
+# ~60M lines/s here, so a run finishing in FAST_S untraced is always within LINE_BUDGET.
+LINE_BUDGET = 4_000_000
+FAST_S = 0.05
+BACKSTOP_S = 3.0
+FORBIDDEN = tuple(dict.fromkeys((TEST_FILE, *DEFAULT_FORBIDDEN)))
+
+
+def _length_bucket(n: int) -> str:
+    return "short" if n <= 5 else "medium" if n <= 12 else "long"
+
+
+def _fail_bucket(n_fail: int, n_tests: int) -> str:
+    return "all" if n_fail == n_tests else "most" if n_fail * 2 > n_tests else "few"
+
+
+def fix_in_candidates(mutated: str, line: int, canonical: str) -> bool:
+    """The quick-fix list of the faulty line must contain the edit that restores the canonical."""
+    return any(e.apply(mutated) == canonical for e in all_edits(mutated, lines={line}))
+
+
+def build_problem(problem: dict, *, seed: int, per_problem: int) -> dict:
+    """Verify the canonical solution, then plant and verify mutants until `per_problem` survive.
+
+    Returns {"problem_id", "tasks": [bundle dicts], "generated", "tried", "rejected": Counter,
+    "unsampled", "dropped": reason | None}.
+    """
+    pid, fn = problem["task_id"], problem["entry_point"]
+    res = {"problem_id": pid, "tasks": [], "generated": 0, "tried": 0, "rejected": Counter(),
+           "unsampled": 0, "dropped": None}
+    canonical = problem["prompt"] + problem["canonical_solution"]
+    tests = generate_tests(problem["test"], fn)
+    if not tests.names:
+        res["dropped"] = "no_tests"
+        return res
+    base = run_program(canonical, tests.source, tests.names, per_test_s=5.0, total_s=60.0)
+    if base["status"] != "ok" or any(base["outcomes"].get(n) != "passed" for n in tests.names):
+        res["dropped"] = "canonical_fails"
+        return res
+    per_test_s = 0.5
+    func = entry_function(ast.parse(canonical), fn)
+    n_lines = code_lines(canonical, func)
+    edits = mutants(canonical, fn, seed=seed, key=pid)
+    res["generated"] = len(edits)
+    for edit in edits:
+        if len(res["tasks"]) >= per_problem:
+            res["unsampled"] += 1
+            continue
+        res["tried"] += 1
+        reason, task = _verify_mutant(problem, canonical, tests, edit, per_test_s, n_lines, seed)
+        if reason:
+            res["rejected"][reason] += 1
+        else:
+            res["tasks"].append(task)
+    return res
+
+
+def _verify_mutant(problem, canonical, tests, edit: Edit, per_test_s, n_lines, seed):
+    mutated = edit.apply(canonical)
+    fix = edit.inverse()
+    if fix.apply(mutated) != canonical:
+        return "fix_not_exact", None
+    if not fix_in_candidates(mutated, fix.line, canonical):
+        return "fix_not_in_candidates", None
+    run = run_program(mutated, tests.source, tests.names, examples=tests.examples,
+                      per_test_s=per_test_s, total_s=5.0)
+    # An untraced timeout (0.5 s per test) is >7x past the budget's wall equivalent: final.
+    if run["status"] == "ok" and run["seconds"] > FAST_S:
+        # Slow or looping: decide by the deterministic line budget. The wall-clock backstop only
+        # catches loops whose lines grow ever costlier (big ints, huge lists): always a timeout.
+        run = run_program(mutated, tests.source, tests.names, examples=tests.examples,
+                          per_test_s=BACKSTOP_S, total_s=BACKSTOP_S, line_budget=LINE_BUDGET)
+    if run["status"] != "ok":
+        return run["status"], None  # "timeout" (e.g. a loop that never ends) or "crash"
+    failing = [n for n in tests.names if run["outcomes"].get(n) != "passed"]
+    if not failing:
+        return "equivalent", None
+    return None, _task(problem, canonical, mutated, tests, edit, fix, failing, run, n_lines, seed)
+
+
+def _task(problem, canonical, mutated, tests, edit, fix, failing, run, n_lines, seed) -> dict:
+    pid, fn = problem["task_id"], problem["entry_point"]
+    num = int(pid.split("/")[1])
+    digest = hashlib.sha256(mutated.encode()).hexdigest()[:10]
+    node = {n: f"{TEST_FILE}::{n}" for n in tests.names}
+    title, body = write_issue(
+        fn, failing=[node[n] for n in failing], n_tests=len(tests.names), actual=run["actual"],
+        assert_text=tests.asserts[failing[0]], error=run["errors"].get(failing[0]),
+        pick=int(digest, 16))
+    fix_diff = "".join(difflib.unified_diff(
+        mutated.splitlines(keepends=True), canonical.splitlines(keepends=True),
+        f"a/{SOLUTION_FILE}", f"b/{SOLUTION_FILE}"))
+    line_text = mutated.splitlines()[edit.line - 1]
+    bundle = TaskBundle(
+        task_id=f"humaneval-{num:03d}-{digest}",
+        files={SOLUTION_FILE: mutated, TEST_FILE: tests.source},
+        issue_title=title, issue_body=body,
+        fail_to_pass=tuple(node[n] for n in failing),
+        pass_to_pass=tuple(node[n] for n in tests.names if n not in failing),
+        forbidden_paths=FORBIDDEN, environment_id=ENVIRONMENT_ID,
+        repo=f"humaneval/{pid}", issue_id=f"HE-{num:03d}-{digest}",
+        metadata={
+            "problem_id": pid, "entry_point": fn,
+            "root_cause": {"file": SOLUTION_FILE, "function": fn, "line": edit.line,
+                           "col": edit.col, "end_col": edit.col + len(edit.new),
+                           "operator": edit.kind, "family": edit.family,
+                           "original": edit.old, "mutated": edit.new,
+                           "line_text": line_text.strip()},
+            "fix": {"file": SOLUTION_FILE, **fix.to_dict()},
+            "fix_diff": fix_diff,
+            "slices": {"operator_family": edit.family, "length_bucket": _length_bucket(n_lines),
+                       "fail_bucket": _fail_bucket(len(failing), len(tests.names))},
+            "n_tests": len(tests.names), "function_lines": n_lines,
+            "generator": {"version": GENERATOR_VERSION, "seed": seed},
+        },
+    )
+    return bundle.to_dict()

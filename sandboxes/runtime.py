@@ -1,0 +1,267 @@
+"""The local hermetic runtime: one pinned git worktree + one bubblewrap namespace per episode.
+
+Typical use (tools, agents, verifiers):
+
+    from sandboxes.runtime import LocalRuntime
+
+    rt = LocalRuntime()                        # isolation="bwrap"; fails closed without it
+    with rt.episode(bundle) as ep:             # worktree at the pinned commit, history-free
+        ep.read_file("solution.py")            # helpers refuse paths that escape the worktree
+        ep.write_file("solution.py", fixed)
+        r = ep.run("python -c 'import solution'", timeout=10)   # -> ExecResult
+        rep = ep.run_tests(bundle.fail_to_pass, coverage=True)  # -> TestReport
+        ep.diff(); ep.changed_paths()          # for verifiers (forbidden paths, hygiene)
+
+`ExecResult(returncode, stdout, stderr, timed_out, duration_s, infra_error)` and
+`TestReport(outcomes, coverage, duration_s, infra_error, ...)`: `infra_error` is set only when
+the sandbox or the harness failed (it must never be scored as the policy's zero reward).
+
+Inside the sandbox the worktree is `/repo` (the cwd), HOME is an empty tmpfs, /tmp is an empty
+tmpfs, there is no network, the process runs as an unprivileged per-episode uid with rlimits
+from `bundle.limits`. What is hidden is listed in `sandboxes.isolation`.
+
+`isolation="none"` runs commands directly on the host (rlimits + clean env + timeout only) and
+warns loudly; it exists for machines without bubblewrap and must be asked for explicitly.
+
+Cleanup: `Episode.close()` (context manager), an atexit hook for episodes still open, and
+`reap()` (run when a runtime starts) for episodes whose owner process died.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import tempfile
+import time
+import uuid
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandboxes import safefs
+from sandboxes.isolation import (SANDBOX_GID, SANDBOX_WORKDIR, ExecResult, SandboxSpec,
+                                 SandboxUnavailable, bwrap_selftest, make_runner)
+from sandboxes.reaper import Lease, kill_uid, reap
+from sandboxes.worktree import SnapshotStore, Worktree, chown_tree
+
+__all__ = ["LocalRuntime", "Episode", "ExecResult", "TestReport", "SandboxUnavailable",
+           "PathEscape", "default_root"]
+
+PathEscape = safefs.PathEscape
+log = logging.getLogger(__name__)
+_UID_BASE, _UID_SPAN = 200_000, 800_000
+_WORKER = str(Path(__file__).with_name("pytest_worker.py"))
+_OPEN: "weakref.WeakSet[Episode]" = weakref.WeakSet()
+
+
+@dataclass
+class TestReport:
+    outcomes: dict[str, str]                                  # test id -> passed/failed/error/skipped
+    coverage: dict[str, dict[str, set[int]]] | None = None    # test id -> file -> executed lines
+    duration_s: float = 0.0
+    infra_error: str | None = None
+    timed_out: bool = False
+    exit_code: int | None = None
+    output: str = ""                                          # tail of pytest's console output
+
+    def all_passed(self, test_ids) -> bool:
+        return self.infra_error is None and all(self.outcomes.get(t) == "passed" for t in test_ids)
+
+
+def default_root() -> str:
+    if os.environ.get("RATCHET_SANDBOX_ROOT"):
+        return os.environ["RATCHET_SANDBOX_ROOT"]
+    if os.environ.get("RATCHET_HOME"):
+        return str(Path(os.environ["RATCHET_HOME"]) / "sandbox")
+    return str(Path(tempfile.gettempdir()) / f"ratchet-sandbox-{os.getuid()}")
+
+
+class LocalRuntime:
+    """Factory of episodes. Cheap to create; reuse one per process to share the snapshot cache.
+
+    isolation: "bwrap" (default; raises SandboxUnavailable if bwrap fails its self-test) or
+    "none" (explicit opt-out, loud warning). hide: extra host paths to hide from sandboxes.
+    """
+
+    def __init__(self, root: str | Path | None = None, *, isolation: str = "bwrap",
+                 hide: tuple[str, ...] = (), reap_stale: bool = True):
+        self.root = Path(root or default_root()).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o711)
+        self.isolation = isolation
+        self.hide = tuple(hide) + (str(self.root),)
+        if isolation == "bwrap":
+            reason = bwrap_selftest()
+            if reason:
+                raise SandboxUnavailable(
+                    f"{reason}. Refusing to run episodes unsandboxed; pass isolation='none' to "
+                    "opt out explicitly (no network or filesystem isolation).")
+        elif isolation == "none":
+            msg = ("sandbox isolation DISABLED (isolation='none'): commands run on the host with "
+                   "network access and can read host files; use only for trusted code")
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            log.warning(msg)
+        else:
+            raise ValueError(f"unknown isolation {isolation!r}")
+        self.snapshots = SnapshotStore(self.root / "snapshots")
+        if reap_stale:
+            self.reap()
+
+    def reap(self) -> list[str]:
+        """Clean up episodes whose owning process is gone."""
+        return reap(self.root)
+
+    def episode(self, bundle, *, episode_id: str | None = None) -> "Episode":
+        return Episode(self, bundle, episode_id or uuid.uuid4().hex[:16])
+
+
+class Episode:
+    """One task attempt: a private worktree at the pinned commit and a sandbox to act in."""
+
+    def __init__(self, runtime: LocalRuntime, bundle, episode_id: str):
+        self.runtime, self.bundle, self.id = runtime, bundle, episode_id
+        self.limits = bundle.limits
+        self.environment_digest = bundle.environment_digest
+        self._closed = True
+        self._worker = None
+        self._spawned = False
+        snap = runtime.snapshots.for_bundle(bundle)
+        bwrap = runtime.isolation == "bwrap"
+        self.uid = _UID_BASE + int(episode_id.encode().hex()[-12:], 16) % _UID_SPAN \
+            if bwrap and os.geteuid() == 0 else 0
+        self._lease = Lease(runtime.root, episode_id, {"uid": self.uid, "snapshot": snap.gitdir})
+        try:
+            self.worktree = Worktree.add(snap, self._lease.dir / "repo")
+            self._lease.info["admin"] = self.worktree.admin
+            self._lease.write()
+            os.chmod(self.worktree.path, 0o755)
+            if self.uid:
+                chown_tree(self.worktree.path, self.uid, SANDBOX_GID)
+        except BaseException:
+            self._lease.release()
+            raise
+        self.workdir = self.worktree.path                  # host path
+        self.sandbox_workdir = SANDBOX_WORKDIR if bwrap else self.workdir
+        self.commit = snap.commit                          # the pinned (snapshot) commit
+        self.source = snap.source
+        L = self.limits
+        self._runner = make_runner(runtime.isolation, SandboxSpec(
+            workdir=self.workdir, uid=self.uid, ro_binds=(snap.gitdir,),
+            tool_files={"pytest_worker.py": _WORKER}, hide=runtime.hide, cpu_s=L.cpu_s,
+            memory_mb=L.memory_mb, max_procs=L.max_procs, max_file_mb=L.max_file_mb,
+            max_output_chars=L.max_output_chars))
+        self._closed = False
+        _OPEN.add(self)
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> "Episode":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill everything the episode started and delete its worktree. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+        if self.uid and self._spawned:
+            kill_uid(self.uid)          # belt and braces: bwrap's pid namespace already died
+        self.worktree.remove()
+        self._lease.release()
+        _OPEN.discard(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"episode {self.id} is closed")
+
+    # ------------------------------------------------------------------ commands
+    def run(self, cmd: str | list[str], timeout: float | None = None, *, stdin: str | None = None,
+            env: dict | None = None) -> ExecResult:
+        """Run a shell string (`sh -c`) or an argv list in the sandbox, cwd = the worktree."""
+        self._check_open()
+        t = min(timeout or self.limits.wall_s, self.limits.wall_s)
+        self._spawned = True
+        return self._runner.run(cmd, timeout=t, stdin=stdin, env=env)
+
+    def apply_patch(self, patch: str) -> ExecResult:
+        """`git apply` a unified diff inside the sandbox (e.g. SWE-bench's test_patch)."""
+        return self.run(["git", "apply", "--whitespace=nowarn", "-"], stdin=patch)
+
+    def run_tests(self, test_ids=None, *, coverage: bool = False,
+                  timeout: float | None = None) -> TestReport:
+        """Run pytest node ids (all tests when None) in the warm per-episode worker."""
+        self._check_open()
+        from sandboxes.pytest_worker import PytestWorkerClient
+        self._spawned = True
+        if self._worker is None:
+            self._worker = PytestWorkerClient(self._runner, self.sandbox_workdir,
+                                              str(self._lease.dir / "worker.stderr"))
+        t = min(timeout or self.limits.wall_s, self.limits.wall_s)
+        t0 = time.monotonic()
+        resp = self._worker.request(test_ids, coverage, t, self.limits.max_output_chars)
+        dt = time.monotonic() - t0
+        if resp.get("error"):
+            return TestReport({}, None, dt, resp["error"], output=resp.get("output", ""))
+        cov = resp.get("coverage")
+        if cov is not None:
+            cov = {tid: {f: set(ls) for f, ls in files.items()} for tid, files in cov.items()}
+        outcomes = resp.get("outcomes") or {}
+        if resp.get("timed_out"):
+            outcomes = {t: "error" for t in (test_ids or ())}   # the policy's code hung
+        return TestReport(outcomes, cov, dt, None, bool(resp.get("timed_out")),
+                          resp.get("exit_code"), resp.get("output", ""))
+
+    # ------------------------------------------------------------------ files
+    def _owner(self):
+        return (self.uid, SANDBOX_GID) if self.uid else None
+
+    def read_file(self, path: str, max_chars: int | None = None) -> str:
+        self._check_open()
+        data = safefs.read_bytes(self.workdir, path, None if max_chars is None else max_chars * 4)
+        text = data.decode("utf-8", "replace")
+        return text if max_chars is None else text[:max_chars]
+
+    def write_file(self, path: str, text: str) -> str:
+        """Write (create or replace) a file; returns its normalised relative path."""
+        self._check_open()
+        data = text.encode()
+        if len(data) > self.limits.max_file_mb * 1024 * 1024:
+            raise ValueError(f"file too large for this episode: {len(data)} bytes")
+        return safefs.write_bytes(self.workdir, path, data, owner=self._owner())
+
+    def delete_file(self, path: str) -> None:
+        self._check_open()
+        safefs.delete(self.workdir, path)
+
+    def list_files(self, path: str = ".") -> list[str]:
+        self._check_open()
+        return safefs.list_files(self.workdir, path)
+
+    # ------------------------------------------------------------------ for verifiers
+    def diff(self) -> str:
+        """Unified diff (git, --binary) of the worktree against the pinned commit."""
+        self._check_open()
+        return self.worktree.diff(self._lease.dir / f"stage-{uuid.uuid4().hex[:8]}")
+
+    def changed_paths(self) -> list[str]:
+        """Relative paths added, modified or deleted since the pinned commit (sorted)."""
+        self._check_open()
+        return self.worktree.changed_paths(self._lease.dir / f"stage-{uuid.uuid4().hex[:8]}")
+
+
+@atexit.register
+def _close_open_episodes() -> None:
+    for ep in list(_OPEN):
+        try:
+            ep.close()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass

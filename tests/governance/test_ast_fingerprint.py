@@ -1,0 +1,53 @@
+import itertools
+
+import pytest
+
+from ratchet.governance.ast_fingerprint import collide, fingerprint_code, fingerprint_patch
+from ratchet.governance.clusters import build_clusters
+
+from .synthetic import PROBLEMS, mutant_tasks, mutate
+
+pytestmark = pytest.mark.governance
+
+
+def test_every_single_token_mutant_collides_with_its_original():
+    for name, src in PROBLEMS.items():
+        orig = fingerprint_code(src)[0]
+        for seed in range(25):
+            kind, code = mutate(src, seed)
+            assert collide(orig, fingerprint_code(code)[0]), (name, kind, code)
+
+
+def test_different_problems_do_not_collide():
+    fps = {n: fingerprint_code(s)[0] for n, s in PROBLEMS.items()}
+    for a, b in itertools.combinations(sorted(fps), 2):
+        assert collide(fps[a], fps[b]) is None, (a, b)
+
+
+def test_renamed_and_reliteraled_copy_has_same_skeleton():
+    a = fingerprint_code("def f(xs, t):\n    total = 0\n    for x in xs:\n        if x > t:\n            total += x * 2\n    return total\n")[0]
+    b = fingerprint_code("def g(items, lim):\n    acc = 10\n    for it in items:\n        if it < lim:\n            acc -= it * 7\n    return acc\n")[0]
+    assert a.skeleton == b.skeleton and collide(a, b) == ("skeleton", 1.0)
+
+
+@pytest.mark.parametrize("bad", [
+    "def broken(:\n  return", "@@ -1,3 +1,3 @@\n-    return x\n+    return y\n", "\x00\x01garbage", "}{", "(" * 5000,
+    "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -3,2 +3,2 @@ def f(a):\n-    if a < 1:\n+    if a <= 1:\n         return a\n",
+    None, "",
+])
+def test_unparseable_code_falls_back_without_crashing(bad):
+    fps = fingerprint_patch(bad) if bad and "@@" in bad else fingerprint_code(bad)
+    assert isinstance(fps, list)
+    if bad and bad.strip() and "(" * 5000 != bad:
+        assert fps and all(f.skeleton for f in fps)
+
+
+def test_mutants_cluster_by_code_alone_without_repo_or_text():
+    tasks = mutant_tasks(5)
+    clusters, edges = build_clusters(tasks, id_col="task_id", text_col=None, code_cols=("solution",), key_cols={})
+    by_problem = {}
+    for r in clusters.to_pylist():
+        by_problem.setdefault(r["id"].rsplit("-m", 1)[0], set()).add(r["cluster_id"])
+    assert all(len(c) == 1 for c in by_problem.values())
+    assert len({next(iter(c)) for c in by_problem.values()}) == len(PROBLEMS)
+    assert set(edges.column("reason").to_pylist()) <= {"ast_skeleton", "ast_subtree"}

