@@ -1,15 +1,16 @@
 """MinHash signatures of normalised prompt text, bit-identical to `datasketch.MinHash`.
 
 Why hand-written: `datasketch.MinHash.update_batch` hashes shingles one Python call at a time and
-builds one MinHash object per document. Measured on this 2-core box (5k docs x 200 five-word
-shingles, 128 permutations): datasketch 3.5k docs/s; this path 14-19k docs/s on one thread and
-~30k docs/s on two, i.e. 4-9x (`bench/dedup.py` prints the ratio measured in that run). The time
-goes to three vectorised steps:
+builds one MinHash object per document. Measured with bench/dedup.py on this 2-core box (50k docs
+x 200 five-word shingles, 128 permutations, quiet machine): datasketch 2.4k docs/s (shingles
+prepared outside the timer); this path 7.8k docs/s on one thread, 15.3k on two: 6.3x (3.2x thread
+for thread), short of the 10x goal. SHA-1 itself is now the floor (bit-identity forbids a cheaper
+hash); the time goes to three vectorised steps:
   * shingles are cut from the whole chunk's UTF-8 bytes with numpy (no per-shingle Python);
   * SHA-1 runs inside DuckDB (`sha1()`, ~6.7M shingles/s vs 1.4-1.9M/s for a hashlib loop);
   * the permutation is one (num_perm x shingles) uint32 matrix per chunk, min-reduced per doc
     with `np.minimum.reduceat` along the contiguous axis (~110k docs/s; row-major was 5x slower).
-Identity with datasketch is asserted in tests/governance and in the bench for every scheme.
+Identity with datasketch is asserted in tests/governance (all three schemes) and in the bench (default).
 LSH candidate search stays with `datasketch.MinHashLSH` (see `lsh_pairs`).
 """
 from __future__ import annotations

@@ -1,0 +1,101 @@
+"""Stage 1: trajectory ingest (landing folder -> `trajectories` + `quarantine`)."""
+# No `from __future__ import annotations`: Dagster resolves Config annotations at import time.
+
+from dagster import (AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, AssetKey,
+                     AssetSpec, Config, MaterializeResult, MetadataValue, asset_check, multi_asset)
+
+from resources import MlflowTracking, WarehouseResource
+
+SCALAR_COLUMNS = ("record_id, trajectory_id, task_id, source_format, schema_version, cost_usd, latency_s, "
+                  "prompt_tokens, completion_tokens, n_turns, n_tool_calls, started_at, ended_at")
+
+
+class IngestConfig(Config):
+    paths: list[str] = []              # files or folders; empty = the landing folder
+    tenant_id: str | None = None       # attribution for records that carry none
+    consent_id: str | None = None
+    max_record_mb: float = 32.0
+
+
+@multi_asset(
+    name="ingest",
+    specs=[AssetSpec("trajectories", group_name="ingest", kinds={"duckdb", "parquet"},
+                     description="Accepted trajectories (contract v1), one row per distinct content."),
+           AssetSpec("quarantine", group_name="ingest", kinds={"duckdb"},
+                     description="Every record that could not be accepted, with raw payload and reason.")],
+    pool="warehouse",
+)
+def ingest_assets(context: AssetExecutionContext, config: IngestConfig, warehouse: WarehouseResource,
+                  tracking: MlflowTracking):
+    from ratchet.home import get_home
+    from ratchet.ingest import IngestOptions, ingest
+    from ratchet.plots import ingest_chart
+
+    home = get_home(warehouse.home)
+    paths = config.paths or [str(home.landing)]
+    wh = warehouse.get()
+    opts = IngestOptions(tenant_id=config.tenant_id, consent_id=config.consent_id,
+                         max_record_mb=config.max_record_mb, origin="dagster", dagster_run_id=context.run_id)
+    last = [0]
+
+    def progress(done: int, total: int) -> None:
+        if total and done - last[0] >= total / 10:  # ~10 progress lines, not one per file
+            last[0] = done
+            context.log.info(f"ingest: {done / 2**20:.1f} / {total / 2**20:.1f} MiB")
+
+    s = ingest(paths, wh, opts, progress=progress)
+    context.log.info(f"ingest summary: {s.as_dict()}")
+    chart = ingest_chart(s, home.artifacts / f"ingest-{s.batch_id}.png")
+    with tracking.run("ratchet/ingest", f"ingest-{s.batch_id[:8]}", dagster_run_id=context.run_id,
+                      tags={"ratchet.batch_id": s.batch_id}) as run:
+        run.log_params({"paths": paths, "tenant_id": config.tenant_id, "consent_id": config.consent_id})
+        run.log_metrics({k: getattr(s, k) for k in ("read", "accepted", "quarantined", "duplicates", "id_clashes")})
+        run.log_dict(s.as_dict(), "ingest_summary.json")
+        run.log_artifact(str(chart))
+    with wh.connect() as con:
+        total, = con.execute("SELECT count(*) FROM trajectories").fetchone()
+        qtotal, = con.execute("SELECT count(*) FROM quarantine").fetchone()
+    common = {"batch_id": s.batch_id, "read": s.read, "duplicates": s.duplicates,
+              "mlflow_run": MetadataValue.url(run.url), "chart": MetadataValue.path(str(chart))}
+    yield MaterializeResult(asset_key="trajectories", metadata={
+        **common, "accepted": s.accepted, "id_clashes": s.id_clashes, "rows_total": total,
+        "by_format": MetadataValue.json(s.by_format), "seconds": s.seconds})
+    yield MaterializeResult(asset_key="quarantine", metadata={
+        **common, "quarantined": s.quarantined, "rows_total": qtotal,
+        "reasons": MetadataValue.md(_reasons_md(s.quarantine_reasons))})
+
+
+def _reasons_md(reasons: dict) -> str:
+    if not reasons:
+        return "no record quarantined"
+    rows = "\n".join(f"| `{k}` | {v} |" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    return "| reason | records |\n|---|---|\n" + rows
+
+
+@asset_check(asset=AssetKey("trajectories"), blocking=True,
+             description="Contract v1 expectations (great-expectations) over every stored trajectory.")
+def trajectories_contract(warehouse: WarehouseResource) -> AssetCheckResult:
+    from ratchet.adapters import FORMATS
+    from ratchet.validation import validate_trajectories
+
+    wh = warehouse.get()
+    with wh.connect() as con:
+        df = con.execute(f"SELECT {SCALAR_COLUMNS} FROM trajectories").df()
+    rep = validate_trajectories(df, FORMATS)
+    return AssetCheckResult(passed=rep.success, severity=AssetCheckSeverity.ERROR, metadata={
+        "rows": rep.rows, "expectations": len(rep.results), "failed": len(rep.failed),
+        "results": MetadataValue.json(rep.results)})
+
+
+@asset_check(asset=AssetKey("quarantine"), blocking=False,
+             description="Warns when the latest ingest quarantined more than 10% of what it read.")
+def quarantine_rate(warehouse: WarehouseResource) -> AssetCheckResult:
+    wh = warehouse.get()
+    with wh.connect() as con:
+        row = con.execute("""SELECT batch_id, "read", quarantined FROM ingest_batches
+                             ORDER BY finished_at DESC LIMIT 1""").fetchone()
+        missing, = con.execute("SELECT count(*) FROM quarantine WHERE reason_code IS NULL OR raw IS NULL").fetchone()
+    rate = (row[2] / row[1]) if row and row[1] else 0.0
+    return AssetCheckResult(passed=rate <= 0.10 and missing == 0, severity=AssetCheckSeverity.WARN,
+                            metadata={"batch_id": row[0] if row else None, "rate": rate,
+                                      "rows_without_reason_or_payload": missing})

@@ -1,0 +1,1 @@
+"""Dagster Definitions, jobs, schedules, sensors and the `ratchet` CLI."""

@@ -1,0 +1,134 @@
+"""The `ratchet` console script: demo, ingest, query, ui, bench."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _home(args):
+    from ratchet.home import activate
+
+    return activate(args.home)
+
+
+def cmd_ingest(args) -> int:
+    from ratchet.ingest import IngestOptions, ingest
+    from ratchet.warehouse import Warehouse
+
+    home = _home(args)
+    opts = IngestOptions(tenant_id=args.tenant, consent_id=args.consent, max_record_mb=args.max_record_mb,
+                         workers=args.workers, origin="cli")
+    try:
+        s = ingest(args.paths, Warehouse(home.warehouse), opts, progress=not args.quiet and sys.stderr.isatty())
+    except (FileNotFoundError, ValueError) as e:
+        print(f"ratchet ingest: {e}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(f"read {s.read}: accepted {s.accepted}, quarantined {s.quarantined}, duplicates {s.duplicates}"
+              f" ({s.seconds:.2f} s) -> {home.warehouse}", file=sys.stderr)
+    print(json.dumps({**s.as_dict(), "warehouse": str(home.warehouse)}))
+    return 0
+
+
+def cmd_query(args) -> int:
+    from ratchet.warehouse import Warehouse
+
+    home = _home(args)
+    wh = Warehouse(home.warehouse)
+    if not wh.exists():
+        print(f"ratchet query: no warehouse at {home.warehouse}; run `ratchet ingest PATH` or `make demo` first",
+              file=sys.stderr)
+        return 2
+    import duckdb
+
+    wh.ensure_schema()
+    try:
+        with wh.connect() as con:
+            rel = con.sql(args.sql)
+            if rel is None:  # a statement without a result (DDL, INSERT)
+                return 0
+            if args.json:
+                cols = rel.columns
+                rows = [dict(zip(cols, r)) for r in rel.fetchall()]
+                print(json.dumps(rows, default=str))
+            else:
+                rel.show(max_rows=args.max_rows, max_width=10_000)
+    except duckdb.Error as e:
+        print(f"ratchet query: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from pipelines.demo import run_demo
+
+    return run_demo(_home(args), quick=args.quick)
+
+
+def cmd_ui(args) -> int:
+    home = _home(args)
+    env = {**os.environ, "DAGSTER_HOME": str(home.dagster)}
+    cmd = [str(Path(sys.executable).parent / "dagster"), "dev", "-w", str(REPO / "workspace.yaml"),
+           "-p", str(args.port), "-h", args.host]
+    print(f"Dagster UI on http://{args.host}:{args.port} (DAGSTER_HOME={home.dagster})", file=sys.stderr)
+    return subprocess.call(cmd, env=env, cwd=REPO)
+
+
+def cmd_bench(args) -> int:
+    path = REPO / "bench" / f"{args.name}.py"
+    if not path.exists():
+        names = sorted(p.stem for p in (REPO / "bench").glob("*.py"))
+        print(f"ratchet bench: no benchmark {args.name!r}; available: {', '.join(names)}", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, str(path), *args.rest], cwd=REPO)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ratchet", description="Governed post-training for tool-using agents.")
+    p.add_argument("--home", help="RATCHET_HOME (default: $RATCHET_HOME or ./.ratchet)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("ingest", help="ingest trajectory files/folders (prints a JSON summary last)")
+    s.add_argument("paths", nargs="+")
+    s.add_argument("--tenant", help="tenant id for records that carry none")
+    s.add_argument("--consent", help="consent id for records that carry none")
+    s.add_argument("--max-record-mb", type=float, default=32.0)
+    s.add_argument("--workers", type=int, default=0, help="normalising processes for large inputs (0 = per core)")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(fn=cmd_ingest)
+
+    s = sub.add_parser("query", help="run SQL against the warehouse")
+    s.add_argument("sql")
+    s.add_argument("--json", action="store_true", help="print a JSON array of row objects")
+    s.add_argument("--max-rows", type=int, default=50)
+    s.set_defaults(fn=cmd_query)
+
+    s = sub.add_parser("demo", help="run the whole lifecycle on the embedded default")
+    s.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
+    s.set_defaults(fn=cmd_demo)
+
+    s = sub.add_parser("ui", help="start the Dagster UI")
+    s.add_argument("--port", type=int, default=3000)
+    s.add_argument("--host", default="127.0.0.1")
+    s.set_defaults(fn=cmd_ui)
+
+    s = sub.add_parser("bench", help="run bench/NAME.py")
+    s.add_argument("name")
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

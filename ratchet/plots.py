@@ -1,0 +1,24 @@
+"""PNG charts for asset metadata and MLflow artifacts (matplotlib, headless)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def ingest_chart(summary, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    outcome = {"accepted": summary.accepted, "quarantined": summary.quarantined, "duplicates": summary.duplicates}
+    a.bar(list(outcome), list(outcome.values()), color=["#2a9d8f", "#e76f51", "#8d99ae"])
+    a.set_title(f"ingest {summary.batch_id[:8]}: {summary.read} records read")
+    reasons = summary.quarantine_reasons or {"none": 0}
+    b.barh(list(reasons), list(reasons.values()), color="#e76f51")
+    b.set_title("quarantine reasons")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

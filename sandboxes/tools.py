@@ -1,0 +1,227 @@
+"""The repair tools: OpenAI function schemas (`TOOL_SCHEMAS`) and their implementations.
+
+Each implementation takes the `RepairEnv` (sandboxes.env) and the validated arguments and returns
+the observation text. They raise `ToolError` for the agent's mistakes (the env turns it into an
+"error: ..." observation) and never touch the host outside the episode's worktree: file access
+goes through the runtime's symlink-safe helpers, commands run inside the sandbox.
+"""
+from __future__ import annotations
+
+
+class ToolError(Exception):
+    """The agent's call cannot be served; the message is shown to the agent after 'error: '."""
+
+
+def _fn(name: str, description: str, props: dict, required: list[str]) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": props, "required": required, "additionalProperties": False}}}
+
+
+_PATH = {"type": "string", "description": "Path relative to the repository root, e.g. solution.py"}
+_LINE = {"type": "integer", "minimum": 1, "description": "1-based line number"}
+TOOL_SCHEMAS: list[dict] = [
+    _fn("view_issue", "Read the issue report from the issue tracker.",
+        {"issue_id": {"type": "string", "description": "Issue id; defaults to the task's issue"}}, []),
+    _fn("list_files", "List the files under a folder of the repository.",
+        {"path": {**_PATH, "description": "Folder relative to the repository root (default '.')"}}, []),
+    _fn("read_file", "Read a file with line numbers, optionally only a line range.",
+        {"path": _PATH, "start_line": _LINE, "end_line": _LINE}, ["path"]),
+    _fn("search", "Search the repository for text (grep); fixed string unless regex is true.",
+        {"pattern": {"type": "string"}, "path": {**_PATH, "description": "Folder or file to search (default '.')"},
+         "regex": {"type": "boolean"}}, ["pattern"]),
+    _fn("edit", "Replace one exact occurrence of old text with new text in a file.",
+        {"path": _PATH, "old": {"type": "string", "description": "Exact text to replace; must occur once"},
+         "new": {"type": "string", "description": "Replacement text"}}, ["path", "old", "new"]),
+    _fn("run_tests", "Run the test suite, or only the given pytest node ids.",
+        {"tests": {"type": "array", "items": {"type": "string"},
+                   "description": "pytest node ids, e.g. test_solution.py::test_check_00; all when omitted"}}, []),
+    _fn("localize", "Run the tests with coverage and rank the most suspicious lines (spectrum-based "
+        "fault localisation).",
+        {"top": {"type": "integer", "minimum": 1, "maximum": 50, "description": "How many lines (default 10)"},
+         "formula": {"type": "string", "enum": ["ochiai", "tarantula", "dstar"]}}, []),
+    _fn("propose_edits", "List indexed candidate single-token fixes for one line of a Python file.",
+        {"path": _PATH, "line": _LINE}, ["path", "line"]),
+    _fn("apply_edit", "Apply candidate fix number `index` from propose_edits for that file and line.",
+        {"path": _PATH, "line": _LINE, "index": {"type": "integer", "minimum": 0}}, ["path", "line", "index"]),
+    _fn("submit", "Finish: submit the current changes with a root-cause explanation (function, line, "
+        "what was wrong). The verifiers then score the episode.",
+        {"explanation": {"type": "string"}}, ["explanation"]),
+]
+SCHEMAS_BY_NAME = {s["function"]["name"]: s for s in TOOL_SCHEMAS}
+TOOL_NAMES = tuple(SCHEMAS_BY_NAME)
+_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list, "object": dict}
+
+
+def check_arguments(name: str, args: dict) -> dict:
+    """Validate against the tool's JSON schema (the subset used above); ToolError on mismatch."""
+    params = SCHEMAS_BY_NAME[name]["function"]["parameters"]
+    props = params["properties"]
+    unknown = sorted(set(args) - set(props))
+    if unknown:
+        raise ToolError(f"{name} got unknown argument(s) {unknown}; expected {sorted(props)}")
+    missing = [k for k in params["required"] if k not in args]
+    if missing:
+        raise ToolError(f"{name} is missing required argument(s) {missing}")
+    out = {}
+    for k, v in args.items():
+        spec = props[k]
+        if v is None and k not in params["required"]:
+            continue
+        want = _TYPES[spec["type"]]
+        if not isinstance(v, want) or (want is int and isinstance(v, bool)):
+            raise ToolError(f"argument {k!r} of {name} must be {spec['type']}, got {type(v).__name__}")
+        if spec["type"] == "array" and not all(isinstance(x, str) for x in v):
+            raise ToolError(f"argument {k!r} of {name} must be a list of strings")
+        if "minimum" in spec and v < spec["minimum"] or "maximum" in spec and v > spec["maximum"]:
+            raise ToolError(f"argument {k!r} of {name} is out of range: {v}")
+        if "enum" in spec and v not in spec["enum"]:
+            raise ToolError(f"argument {k!r} of {name} must be one of {spec['enum']}")
+        out[k] = v
+    return out
+
+
+# --------------------------------------------------------------------------- implementations
+def view_issue(env, issue_id: str | None = None) -> str:
+    from sandboxes.issue_tracker import IssueNotFound, fetch_issue
+
+    iid = issue_id or env.bundle.issue_id or env.bundle.task_id
+    try:
+        issue = fetch_issue(env.tracker.url, env.tracker_ns, iid)
+    except IssueNotFound:
+        raise ToolError(f"issue {iid!r} not found in the tracker") from None
+    return (f"Issue {issue['id']} ({issue['repo']}) [{issue['state']}; labels: {', '.join(issue['labels'])}; "
+            f"reported by {issue['reporter']}]\n\n{issue['title']}\n\n{issue['body']}")
+
+
+def list_files(env, path: str = ".") -> str:
+    files = env.episode.list_files(path or ".")
+    return "\n".join(files) if files else f"(no files under {path})"
+
+
+def read_file(env, path: str, start_line: int = 1, end_line: int | None = None) -> str:
+    lines = env.episode.read_file(path).splitlines()
+    if not lines:
+        return f"({path} is empty)"
+    end = min(end_line or len(lines), len(lines))
+    if start_line > len(lines) or end < start_line:
+        raise ToolError(f"line range {start_line}-{end_line} is outside {path} (1-{len(lines)})")
+    return "\n".join(f"{n:4d}| {lines[n - 1]}" for n in range(start_line, end + 1))
+
+
+def search(env, pattern: str, path: str = ".", regex: bool = False) -> str:
+    if not pattern:
+        raise ToolError("pattern must not be empty")
+    from sandboxes.safefs import resolve
+    resolve(env.episode.workdir, path or ".")  # PathEscape before anything runs
+    argv = ["grep", "-rnI", "--exclude-dir=.git", "-E" if regex else "-F", "-e", pattern, "--", path or "."]
+    r = env.episode.run(argv, timeout=10)
+    if r.infra_error:
+        raise env.infra(r.infra_error)
+    if r.returncode == 1:
+        return f"no matches for {pattern!r}"
+    if r.returncode != 0:
+        raise ToolError(f"search failed: {(r.stderr or r.stdout).strip()[:300]}")
+    return "\n".join(l[2:] if l.startswith("./") else l for l in r.stdout.splitlines())
+
+
+def edit(env, path: str, old: str, new: str) -> str:
+    if not old:
+        raise ToolError("old must be non-empty text that occurs exactly once in the file")
+    text = env.episode.read_file(path)
+    n = text.count(old)
+    if n == 0:
+        raise ToolError(f"old text not found in {path} (it must match exactly, including indentation)")
+    if n > 1:
+        raise ToolError(f"old text occurs {n} times in {path}; include more surrounding lines so it is unique")
+    at = text.index(old)
+    env.episode.write_file(path, text[:at] + new + text[at + len(old):])
+    first = text.count("\n", 0, at) + 1
+    return f"edited {path}: replaced lines {first}-{first + old.count(chr(10))} " \
+           f"with {new.count(chr(10)) + 1} line(s)"
+
+
+def _test_summary(rep, limit: int) -> str:
+    counts: dict[str, int] = {}
+    for o in rep.outcomes.values():
+        counts[o] = counts.get(o, 0) + 1
+    head = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no tests ran"
+    lines = [f"{head} ({rep.duration_s:.2f} s)" + (" [timed out]" if rep.timed_out else "")]
+    lines += [f"{o.upper()} {t}" for t, o in sorted(rep.outcomes.items()) if o != "passed"]
+    text = "\n".join(lines)
+    if any(o != "passed" for o in rep.outcomes.values()) and rep.output:
+        room = limit - len(text) - 40
+        if room > 200:
+            text += "\n\n--- pytest output (tail) ---\n" + rep.output[-room:]
+    return text
+
+
+def run_tests(env, tests: list[str] | None = None) -> str:
+    rep = env.episode.run_tests(tests or None)
+    if rep.infra_error:
+        raise env.infra(rep.infra_error)
+    env.last_outcomes = dict(rep.outcomes)
+    return _test_summary(rep, env.max_output_chars)
+
+
+def localize(env, top: int = 10, formula: str = "ochiai") -> str:
+    from sandboxes.localize import localize as sbfl
+
+    rep = env.episode.run_tests(None, coverage=True)
+    if rep.infra_error:
+        raise env.infra(rep.infra_error)
+    if not any(o in ("failed", "error") for o in rep.outcomes.values()):
+        return "no failing tests: nothing to localize"
+    ranked = [s for s in sbfl(rep.coverage or {}, rep.outcomes, formula=formula,
+                              exclude=tuple(env.bundle.forbidden_paths)) if s.score > 0][:top]
+    if not ranked:
+        return "failing tests covered no lines outside the test files"
+    src: dict[str, list[str]] = {}
+    out = [f"suspicious lines ({formula}; {sum(o != 'passed' for o in rep.outcomes.values())} failing test(s)):"]
+    for i, s in enumerate(ranked, 1):
+        if s.file not in src:
+            try:
+                src[s.file] = env.episode.read_file(s.file).splitlines()
+            except OSError:
+                src[s.file] = []
+        code = src[s.file][s.line - 1].strip() if s.line <= len(src[s.file]) else ""
+        out.append(f"{i:2d}. {s.file}:{s.line}  score={s.score:.3f}  | {code}")
+    return "\n".join(out)
+
+
+def _candidates(env, path: str, line: int):
+    from sandboxes.candidates import propose_edits as propose
+
+    source = env.episode.read_file(path)
+    n = len(source.splitlines())
+    if line > n:
+        raise ToolError(f"{path} has {n} lines; line {line} does not exist")
+    return source, propose(source, line)
+
+
+def propose_edits(env, path: str, line: int) -> str:
+    _, cands = _candidates(env, path, line)
+    if not cands:
+        return f"no candidate edits for {path}:{line}"
+    return "\n".join([f"candidates for {path}:{line}:"] + [f"[{c.index}] {c.description}" for c in cands])
+
+
+def apply_edit(env, path: str, line: int, index: int) -> str:
+    source, cands = _candidates(env, path, line)
+    if index >= len(cands):
+        raise ToolError(f"no candidate {index} for {path}:{line} ({len(cands)} candidates; call propose_edits)")
+    c = cands[index]
+    env.episode.write_file(path, c.apply(source))
+    return f"applied [{index}] to {path}:{line}: `{c.new_line.strip()}`"
+
+
+def submit(env, explanation: str) -> str:
+    r = env.finish(explanation)
+    comps = " ".join(f"{k}={v:.2f}" for k, v in r.components.items())
+    value = "n/a" if r.value is None else f"{r.value:.3f}"
+    return f"submitted: reward={value} status={r.status} {comps}".rstrip()
+
+
+IMPLEMENTATIONS = {"view_issue": view_issue, "list_files": list_files, "read_file": read_file,
+                   "search": search, "edit": edit, "run_tests": run_tests, "localize": localize,
+                   "propose_edits": propose_edits, "apply_edit": apply_edit, "submit": submit}
+assert set(IMPLEMENTATIONS) == set(TOOL_NAMES)
