@@ -136,8 +136,15 @@ def edit(env, path: str, old: str, new: str) -> str:
     at = text.index(old)
     env.episode.write_file(path, text[:at] + new + text[at + len(old):])
     first = text.count("\n", 0, at) + 1
-    return f"edited {path}: replaced lines {first}-{first + old.count(chr(10))} " \
-           f"with {new.count(chr(10)) + 1} line(s)"
+    last = first + old.rstrip("\n").count("\n")
+    return f"edited {path}: replaced line(s) {first}-{last} with {new.rstrip(chr(10)).count(chr(10)) + 1} line(s)"
+
+
+def _stable(output: str) -> str:
+    """Drop run-to-run noise (object addresses, timings) so the same state gives the same text."""
+    import re
+    output = re.sub(r" at 0x[0-9a-f]+>", ">", output)
+    return re.sub(r" in \d+(\.\d+)?s\b", "", output)
 
 
 def _test_summary(rep, limit: int) -> str:
@@ -145,13 +152,13 @@ def _test_summary(rep, limit: int) -> str:
     for o in rep.outcomes.values():
         counts[o] = counts.get(o, 0) + 1
     head = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no tests ran"
-    lines = [f"{head} ({rep.duration_s:.2f} s)" + (" [timed out]" if rep.timed_out else "")]
+    lines = [head + (" [timed out]" if rep.timed_out else "")]
     lines += [f"{o.upper()} {t}" for t, o in sorted(rep.outcomes.items()) if o != "passed"]
     text = "\n".join(lines)
     if any(o != "passed" for o in rep.outcomes.values()) and rep.output:
         room = limit - len(text) - 40
         if room > 200:
-            text += "\n\n--- pytest output (tail) ---\n" + rep.output[-room:]
+            text += "\n\n--- pytest output (tail) ---\n" + _stable(rep.output)[-room:]
     return text
 
 

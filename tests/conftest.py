@@ -1,0 +1,26 @@
+import os
+
+import pytest
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "true")
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh RATCHET_HOME for one test."""
+    from ratchet.home import get_home
+
+    root = tmp_path / "rh"
+    monkeypatch.setenv("RATCHET_HOME", str(root))
+    monkeypatch.setenv("DAGSTER_HOME", str(root / "dagster"))
+    return get_home(root).ensure()
+
+
+@pytest.fixture
+def wh(home):
+    from ratchet.warehouse import Warehouse
+
+    w = Warehouse(home.warehouse)
+    w.ensure_schema()
+    return w

@@ -1,0 +1,111 @@
+"""Each format adapter on realistic samples (several turns, parallel tool calls, long observations)."""
+import json
+
+import orjson
+import pytest
+
+from ratchet import adapters, samples
+from ratchet.ingest import ingest
+
+
+def _rows(wh, where="true"):
+    with wh.connect() as con:
+        return con.execute(f"SELECT * FROM trajectories WHERE {where} ORDER BY trajectory_id").df()
+
+
+def test_detection_is_by_content():
+    assert adapters.detect(samples.mini_swe_agent_traj()) == "mini_swe_agent"
+    assert adapters.detect(samples.swe_agent_traj()) == "swe_agent"
+    assert adapters.detect(samples.atif_traj()) == "atif"
+    assert adapters.detect(samples.swebench_predictions()[0][0]) == "swebench_prediction"
+    assert adapters.detect({"trajectory_id": "x", "task_id": "y", "messages": []}) == "openai_chat"
+
+
+def test_mini_swe_agent(tmp_path, wh):
+    f = tmp_path / "acme__billing-1042.traj.json"
+    f.write_text(json.dumps(samples.mini_swe_agent_traj()))
+    s = ingest([f], wh)
+    assert (s.accepted, s.quarantined) == (1, 0)
+    r = _rows(wh).iloc[0]
+    assert r.trajectory_id == "mini-swe-agent:acme__billing-1042" and r.task_id == "acme__billing-1042"
+    assert r.repo == "acme/billing" and r.agent_id == "mini-swe-agent/gpt-5-mini"
+    msgs = orjson.loads(r.messages)
+    calls = [m for m in msgs if m.get("tool_calls")]
+    assert len(calls) == 3  # the turn with a format error has no command block, so no tool call
+    assert json.loads(calls[0]["tool_calls"][0]["function"]["arguments"])["command"].startswith("grep -rn")
+    tool_msgs = [m for m in msgs if m["role"] == "tool"]
+    assert len(tool_msgs) == 3 and len(tool_msgs[0]["content"]) > 20_000  # long observation kept whole
+    assert r.patch == samples.PATCH and r.cost_usd == pytest.approx(0.0831)
+
+
+@pytest.mark.parametrize("function_calling", [True, False])
+def test_swe_agent(tmp_path, wh, function_calling):
+    f = tmp_path / "acme__billing-1042.traj"
+    f.write_text(json.dumps(samples.swe_agent_traj(function_calling)))
+    s = ingest([f], wh)
+    assert s.accepted == 1, s.as_dict()
+    r = _rows(wh).iloc[0]
+    msgs = orjson.loads(r.messages)
+    assert [m["role"] for m in msgs[:3]] == ["system", "user", "assistant"]
+    assert r.n_tool_calls == 4 and r.n_turns == 4
+    assert r.prompt_tokens == 18233 and r.completion_tokens == 911
+    assert r.latency_s == pytest.approx(0.41 + 0.22 + 0.9 + 0.3)
+    assert r.patch == samples.PATCH
+
+
+def test_atif_parallel_calls_and_token_ids(tmp_path, wh):
+    f = tmp_path / "session.json"
+    f.write_text(json.dumps(samples.atif_traj()))
+    assert ingest([f], wh).accepted == 1
+    r = _rows(wh).iloc[0]
+    msgs = orjson.loads(r.messages)
+    first = next(m for m in msgs if m.get("tool_calls"))
+    assert [c["function"]["name"] for c in first["tool_calls"]] == ["search", "read_file"]  # parallel calls
+    assert first["token_ids"] == [151644, 872, 198, 3838, 374]
+    assert first["reasoning_content"].startswith("Two searches")
+    assert [m["tool_call_id"] for m in msgs if m["role"] == "tool"] == ["t1", "t2", "t3"]
+    assert r.agent_id == "terminus-2/2.0.0/qwen3-coder-30b" and r.task_id == "acme/billing#1042"
+    assert (r.prompt_tokens, r.completion_tokens) == (11320, 105) and r.cost_usd == pytest.approx(0.0123)
+    assert str(r.started_at).startswith("2026-11-02 09:00:00") and r.patch == samples.PATCH
+
+
+def test_swebench_predictions_join_reports(tmp_path, wh):
+    preds, reports = samples.swebench_predictions()
+    (tmp_path / "preds.jsonl").write_text("".join(json.dumps(p) + "\n" for p in preds))
+    for inst, rep in reports.items():
+        d = tmp_path / "logs" / inst
+        d.mkdir(parents=True)
+        (d / "report.json").write_text(json.dumps(rep))
+    s = ingest([tmp_path / "preds.jsonl"], wh, )  # reports are found beside the predictions
+    assert (s.read, s.accepted, s.reports_joined) == (3, 3, 2)
+    df = _rows(wh).set_index("task_id")
+    assert bool(df.loc["astropy__astropy-12907"].tests_passed) is True
+    assert bool(df.loc["sympy__sympy-20590"].tests_passed) is False
+    assert df.loc["django__django-11099"].tests_passed is None or str(df.loc["django__django-11099"].tests_passed) in ("<NA>", "None", "nan")
+    extra = orjson.loads(df.loc["sympy__sympy-20590"].extra)
+    assert extra["report"]["tests_status"]["FAIL_TO_PASS"]["failure"] == ["test_immutable"]
+    assert df.loc["astropy__astropy-12907"].repo == "astropy/astropy"
+
+
+def test_batch_attribution_flags_and_sidecar(tmp_path, wh):
+    d = tmp_path / "landing" / "harness"
+    d.mkdir(parents=True)
+    (d / "_batch.yaml").write_text("tenant_id: initech\nconsent_id: C-INITECH\n")
+    (d / "s.json").write_text(json.dumps(samples.atif_traj()))
+    (tmp_path / "other.traj.json").write_text(json.dumps(samples.mini_swe_agent_traj()))
+    ingest([tmp_path / "landing"], wh)
+    from ratchet.ingest import IngestOptions
+    ingest([tmp_path / "other.traj.json"], wh, IngestOptions(tenant_id="acme", consent_id="C-ACME"))
+    got = {r.source_format: (r.tenant_id, r.consent_id) for r in _rows(wh).itertuples()}
+    assert got == {"atif": ("initech", "C-INITECH"), "mini_swe_agent": ("acme", "C-ACME")}
+
+
+def test_parquet_export_reingests_as_duplicates(tmp_path, wh):
+    from ratchet.synth import write_jsonl
+
+    write_jsonl(tmp_path / "a.jsonl", 30)
+    assert ingest([tmp_path / "a.jsonl"], wh).accepted == 30
+    with wh.connect() as con:
+        con.execute(f"COPY (SELECT * FROM trajectories) TO '{tmp_path / 'export.parquet'}' (FORMAT parquet)")
+    s = ingest([tmp_path / "export.parquet"], wh)
+    assert (s.read, s.accepted, s.duplicates) == (30, 0, 30)  # same content, same ids

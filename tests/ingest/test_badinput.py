@@ -1,0 +1,117 @@
+"""Bad input: every record read is accepted, quarantined with a reason and its raw payload, or
+counted as a duplicate; nothing is lost and re-running changes nothing."""
+import json
+
+import pytest
+
+from ratchet import samples
+from ratchet.ingest import IngestOptions, ingest
+
+pytestmark = pytest.mark.badinput
+
+
+def _quarantine(wh):
+    with wh.connect() as con:
+        return con.execute("SELECT source_line, reason_code, reason, raw FROM quarantine ORDER BY source_line").fetchall()
+
+
+def test_each_malformed_line_is_quarantined_with_reason_and_payload(tmp_path, wh):
+    lines = samples.bad_lines()
+    good = json.dumps({"trajectory_id": "ok-1", "task_id": "t", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    f = tmp_path / "mixed.jsonl"
+    f.write_bytes(b"\n".join([good, *lines]) + b"\n")
+    s = ingest([f], wh)
+    assert (s.read, s.accepted, s.quarantined, s.duplicates) == (1 + len(lines), 1, len(lines), 0)
+    q = _quarantine(wh)
+    codes = [r[1] for r in q]
+    assert codes == ["truncated_json", "not_object", "invalid_utf8", "wrong_type", "missing_id",
+                     "orphan_tool_result", "unknown_format", "nul_byte"]
+    assert [r[0] for r in q] == list(range(2, 2 + len(lines)))          # the file's line numbers
+    assert [bytes(r[3]) for r in q] == lines                              # raw payload byte-exact
+    assert all(r[2] for r in q)                                           # a human-readable reason
+
+
+def test_truncated_last_line_without_newline(tmp_path, wh):
+    f = tmp_path / "cut.jsonl"
+    f.write_bytes(b'{"trajectory_id": "a", "task_id": "t", "messages": [{"role": "user", "content": "x"}]}\n{"traj')
+    s = ingest([f], wh)
+    assert (s.accepted, s.quarantined) == (1, 1)
+    assert _quarantine(wh)[0][1] == "truncated_json"
+
+
+def test_empty_file_and_unknown_file_type(tmp_path, wh):
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "empty.jsonl").write_bytes(b"")
+    (d / "empty.json").write_bytes(b"  \n")
+    (d / "notes.txt").write_text("not a log")
+    s = ingest([d], wh)
+    assert (s.read, s.quarantined) == (3, 3)
+    assert sorted(r[1] for r in _quarantine(wh)) == ["empty_file", "empty_file", "unsupported_file_type"]
+
+
+def test_unknown_document_format(tmp_path, wh):
+    (tmp_path / "weird.json").write_text(json.dumps({"events": [1, 2, 3]}))
+    s = ingest([tmp_path / "weird.json"], wh)
+    assert s.quarantined == 1 and _quarantine(wh)[0][1] == "unknown_format"
+    assert "events" in _quarantine(wh)[0][2]  # the reason names what it saw
+
+
+def test_huge_single_record(tmp_path, wh):
+    blob = "x" * (50 * 2**20)
+    rec = {"trajectory_id": "big", "task_id": "t", "messages": [{"role": "user", "content": "go"},
+           {"role": "assistant", "content": blob}]}
+    f = tmp_path / "big.jsonl"
+    f.write_text(json.dumps(rec) + "\n")
+    s = ingest([f], wh)
+    assert (s.read, s.quarantined) == (1, 1)
+    (line, code, reason, raw), = _quarantine(wh)
+    assert code == "record_too_large" and "50.0 MiB" in reason
+    assert len(raw) == f.stat().st_size - 1  # the whole payload is kept, nothing lost
+    s2 = ingest([f], wh, IngestOptions(max_record_mb=64))  # the limit is a setting, not a wall
+    assert s2.accepted == 1
+
+
+def test_duplicate_ids_with_different_content_are_kept_and_flagged(tmp_path, wh):
+    base = {"trajectory_id": "dup", "task_id": "t", "messages": [{"role": "user", "content": "v1"}]}
+    (tmp_path / "a.jsonl").write_text(json.dumps(base) + "\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({**base, "messages": [{"role": "user", "content": "v2"}]}) + "\n")
+    assert ingest([tmp_path / "a.jsonl"], wh).id_clashes == 0
+    s = ingest([tmp_path / "b.jsonl"], wh)
+    assert (s.accepted, s.id_clashes) == (1, 1)
+    with wh.connect() as con:
+        rows = con.execute("SELECT record_id, id_clash FROM trajectories WHERE trajectory_id = 'dup'").fetchall()
+        clash, = con.execute("SELECT versions FROM v_id_clashes WHERE trajectory_id = 'dup'").fetchone()
+    assert len(rows) == 2 and len({r[0] for r in rows}) == 2 and all(r[1] for r in rows)
+    assert clash == 2
+
+
+def test_reingest_is_idempotent_and_invariant_holds(tmp_path, wh):
+    samples.write_samples(tmp_path / "landing", n_synthetic=50)
+    first = ingest([tmp_path / "landing"], wh)
+    assert first.read == first.accepted + first.quarantined + first.duplicates
+    assert first.accepted == 56 and first.quarantined == len(samples.bad_lines())
+    again = ingest([tmp_path / "landing"], wh)
+    assert (again.read, again.accepted, again.quarantined, again.duplicates) == (first.read, 0, 0, first.read)
+    with wh.connect() as con:
+        assert con.execute("SELECT count(*) FROM trajectories").fetchone()[0] == first.accepted
+        assert con.execute("SELECT count(*) FROM quarantine").fetchone()[0] == first.quarantined
+        assert con.execute("SELECT count(*) FROM ingest_batches").fetchone()[0] == 2
+
+
+def test_exact_duplicate_lines_within_one_file(tmp_path, wh):
+    line = json.dumps({"trajectory_id": "x", "task_id": "t", "messages": [{"role": "user", "content": "a"}]})
+    (tmp_path / "d.jsonl").write_text(f"{line}\n{line}\n\n{line}\n")
+    s = ingest([tmp_path / "d.jsonl"], wh)
+    assert (s.read, s.accepted, s.duplicates) == (3, 1, 2)
+
+
+def test_corrupt_parquet_is_quarantined_whole(tmp_path, wh):
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
+    s = ingest([tmp_path / "broken.parquet"], wh)
+    assert s.quarantined == 1 and _quarantine(wh)[0][1] == "unreadable_parquet"
+
+
+def test_missing_path_is_a_clear_error(tmp_path, wh):
+    with pytest.raises(FileNotFoundError, match="does-not-exist"):
+        ingest([tmp_path / "does-not-exist"], wh)
