@@ -1,4 +1,4 @@
-"""The `ratchet` console script: demo, ingest, query, ui, bench."""
+"""The `ratchet` console script: demo, ingest, query, ui, bench, holdout."""
 from __future__ import annotations
 
 import argparse
@@ -89,6 +89,65 @@ def cmd_bench(args) -> int:
     return subprocess.call([sys.executable, str(path), *args.rest], cwd=REPO)
 
 
+def _holdout_path(args, home) -> Path:
+    return Path(args.manifest) if args.manifest else home.root / "holdout_manifest.json"
+
+
+def cmd_holdout_show(args) -> int:
+    from ratchet.governance import store
+    from ratchet.governance.manifest import ManifestError
+    from ratchet.warehouse import Warehouse
+
+    home = _home(args)
+    path = _holdout_path(args, home)
+    wh = Warehouse(home.warehouse)
+    wh.ensure_schema()
+    with wh.connect() as con:
+        store.ensure_schema(con)
+        log = store.fetch(con, "SELECT seq, event_at, event, version, manifest_sha256, n_tasks, actor, reason "
+                               "FROM holdout_manifest_log ORDER BY seq DESC LIMIT ?", [args.log])
+        try:
+            state = store.holdout_state(con, path)
+            err = None
+        except ManifestError as e:
+            state, err = None, str(e)
+    m = state.manifest if state else None
+    out = {"path": str(path), "verified": err is None, "error": err,
+           "locked": m.locked if m else None, "version": m.version if m else None,
+           "sha256": m.sha256 if m else None, "tasks": len(m.task_ids) if m else 0,
+           "created_at": m.created_at if m else None, "locked_by": m.locked_by if m else None,
+           "recorded_in_warehouse": state.recorded if state else None,
+           "log": [{k: (str(v) if k == "event_at" else v) for k, v in r.items()} for r in log]}
+    if m is None and err is None:
+        print("no holdout locked yet (materialise holdout_manifest)", file=sys.stderr)
+    elif err:
+        print(f"ratchet holdout: {err}", file=sys.stderr)
+    print(json.dumps(out, indent=None if args.json else 1))
+    return 1 if err else 0
+
+
+def cmd_holdout_unlock(args) -> int:
+    from ratchet.governance import store
+    from ratchet.governance.manifest import ManifestError
+    from ratchet.warehouse import Warehouse
+
+    home = _home(args)
+    path = _holdout_path(args, home)
+    wh = Warehouse(home.warehouse)
+    wh.ensure_schema()
+    try:
+        with wh.connect() as con:
+            store.ensure_schema(con)
+            m, row = store.unlock_holdout(con, path, args.reason, args.actor)
+    except ManifestError as e:
+        print(f"ratchet holdout unlock: {e}", file=sys.stderr)
+        return 2
+    print(f"holdout version {m.version} ({m.sha256[:12]}..., {len(m.task_ids)} tasks) unlocked by {row['actor']}: "
+          f"{row['reason']}. The next holdout_manifest run locks a new version.", file=sys.stderr)
+    print(json.dumps(row, default=str))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ratchet", description="Governed post-training for tool-using agents.")
     p.add_argument("--home", help="RATCHET_HOME (default: $RATCHET_HOME or ./.ratchet)")
@@ -122,6 +181,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("holdout", help="show or unlock the locked holdout manifest")
+    hs = s.add_subparsers(dest="holdout_cmd", required=True)
+    h = hs.add_parser("show", help="verify the manifest against the warehouse and print it (exit 1 if tampered)")
+    h.add_argument("--manifest", help="manifest path (default RATCHET_HOME/holdout_manifest.json)")
+    h.add_argument("--log", type=int, default=10, help="audit log rows to show")
+    h.add_argument("--json", action="store_true", help="one-line JSON")
+    h.set_defaults(fn=cmd_holdout_show)
+    h = hs.add_parser("unlock", help="unlock the holdout (audited); the next split run may re-draw it")
+    h.add_argument("--reason", required=True, help="why (recorded in the audit log)")
+    h.add_argument("--actor", required=True, help="who (recorded in the audit log)")
+    h.add_argument("--manifest", help="manifest path (default RATCHET_HOME/holdout_manifest.json)")
+    h.set_defaults(fn=cmd_holdout_unlock)
     return p
 
 

@@ -29,6 +29,7 @@ DEFAULT_MAX_RECORD_MB = 32.0
 CHUNK_ROWS = 4096
 CHUNK_BYTES = 64 << 20
 PARALLEL_MIN_BYTES = 64 << 20   # below this a spawned pool costs more than it saves
+RANGE_BYTES = 8 << 20           # one worker task: ~1.4k records of 5.8 KB
 
 
 @dataclass
@@ -76,8 +77,11 @@ class _FileContext:
 
 @dataclass
 class _ChunkResult:
-    table: pa.Table                              # TRAJECTORY_SCHEMA rows
-    bad: list = field(default_factory=list)      # (index in chunk, code, detail, format)
+    n_read: int = 0
+    table: pa.Table | None = None                # TRAJECTORY_SCHEMA rows (inline path)
+    staged: Path | None = None                   # ...or a Parquet part a worker wrote (parallel path)
+    ids: list | None = None                      # record_ids of the staged part, in order
+    bad: list = field(default_factory=list)      # (Raw, code, detail, format)
     formats: Counter = field(default_factory=Counter)
     reports_joined: int = 0
 
@@ -89,8 +93,8 @@ def _normalise_chunk(items: list[Raw], ctx: _FileContext) -> _ChunkResult:
     gc_was = gc.isenabled()
     gc.disable()  # millions of short-lived dicts: the cyclic GC alone cost ~3x in loads (measured)
     try:
-        rows, res = [], _ChunkResult(table=None)
-        for i, raw in enumerate(items):
+        rows, res = [], _ChunkResult(n_read=len(items))
+        for raw in items:
             fmt = None
             try:
                 obj = _decode(raw, ctx.max_bytes)
@@ -103,10 +107,10 @@ def _normalise_chunk(items: list[Raw], ctx: _FileContext) -> _ChunkResult:
                         native = {**native, k: ctx.attribution[k]}
                 row = normalise(native, fmt, allow_empty_messages=fmt == swebench.NAME)
             except RecordError as e:
-                res.bad.append((i, e.code, e.detail, fmt))
+                res.bad.append((raw, e.code, e.detail, fmt))
                 continue
             except RecursionError:
-                res.bad.append((i, "too_deep", "the record nests too deeply to read", fmt))
+                res.bad.append((raw, "too_deep", "the record nests too deeply to read", fmt))
                 continue
             row["source_file"], row["source_line"] = raw.file, raw.line
             row["batch_id"], row["ingested_at"], row["id_clash"] = ctx.batch_id, ctx.now, False
@@ -119,6 +123,24 @@ def _normalise_chunk(items: list[Raw], ctx: _FileContext) -> _ChunkResult:
             gc.enable()
 
 
+def _normalise_range(path: Path, start: int, end: int, first_line: int, ctx: _FileContext,
+                     staged: Path) -> _ChunkResult:
+    """Worker: read one newline-aligned byte range of a JSONL file, normalise it and write the
+    rows as a staged Parquet part. Only ids and bad records travel back to the parent."""
+    import pyarrow.parquet as pq
+
+    from ratchet.readers import read_range
+    from ratchet.warehouse import STORED_SCHEMA
+
+    res = _normalise_chunk(list(read_range(path, start, end, first_line)), ctx)
+    table, res.table = res.table, None
+    res.ids = table.column("record_id").to_pylist()
+    if res.ids:
+        pq.write_table(table.select(STORED_SCHEMA.names).cast(STORED_SCHEMA), staged, compression="zstd")
+        res.staged = staged
+    return res
+
+
 class _Writer:
     """Dedups chunks against the batch and the warehouse, writes them, keeps the counts."""
 
@@ -128,7 +150,6 @@ class _Writer:
         with wh.connect() as con:
             self.seen.update(r[0] for r in con.execute("SELECT quarantine_id FROM quarantine").fetchall())
         self.per_file: Counter = Counter()
-        self.new_ids: set[str] = set()
         self.qrows: list[dict] = []
         self.qbytes = 0
         self.parts = 0
@@ -137,24 +158,30 @@ class _Writer:
         setattr(self.s, key, getattr(self.s, key) + n)
         self.per_file[key] += n
 
-    def write(self, items: list[Raw], res: _ChunkResult) -> None:
-        self._bump("read", len(items))
+    def write(self, res: _ChunkResult) -> None:
+        self._bump("read", res.n_read)
         self.s.reports_joined += res.reports_joined
         for fmt, n in res.formats.items():
             self.s.by_format[fmt] = self.s.by_format.get(fmt, 0) + n
         seen = self.seen
-        ids = res.table.column("record_id").to_pylist()
+        ids = res.ids if res.ids is not None else res.table.column("record_id").to_pylist()
         keep = [i not in seen and not seen.add(i) for i in ids]  # first copy wins
         n_new = sum(keep)
         self._bump("duplicates", len(ids) - n_new)
+        name = f"{self.s.batch_id}-{self.parts:05d}"
+        if n_new and res.staged is not None and n_new == len(ids):
+            os.replace(res.staged, self.wh.trajectory_dir / f"{name}.parquet")  # the common case: no copy
+        elif n_new:
+            import pyarrow.parquet as pq
+
+            table = res.table if res.table is not None else pq.read_table(res.staged)
+            self.wh.write_trajectories(table.filter(pa.array(keep)) if n_new < len(ids) else table, name)
+        if res.staged is not None and res.staged.exists():
+            res.staged.unlink()
         if n_new:
-            table = res.table.filter(pa.array(keep)) if n_new < len(ids) else res.table
-            self.wh.write_trajectories(table, f"{self.s.batch_id}-{self.parts:05d}")
             self.parts += 1
             self._bump("accepted", n_new)
-            self.new_ids.update(table.column("trajectory_id").to_pylist())
-        for idx, code, detail, fmt in res.bad:
-            raw = items[idx]
+        for raw, code, detail, fmt in res.bad:
             self.s.quarantine_reasons[code] = self.s.quarantine_reasons.get(code, 0) + 1
             sha = hashlib.sha256(raw.payload).hexdigest()
             qid = hashlib.sha256(f"{raw.file}\0{raw.line}\0{sha}".encode()).hexdigest()
@@ -272,9 +299,11 @@ def _ingest(paths, warehouse: Warehouse, opts: IngestOptions, progress) -> Inges
     total = sum(f.stat().st_size for f, _ in files)
     workers = opts.workers or os.cpu_count() or 1
     pool = None
-    if workers > 1 and total >= PARALLEL_MIN_BYTES:
+    staging = warehouse.trajectory_dir / f".staging-{summary.batch_id}"
+    if workers > 1 and any(f.stat().st_size >= PARALLEL_MIN_BYTES for f, _ in files):
         import multiprocessing as mp
 
+        staging.mkdir(parents=True, exist_ok=True)
         pool = mp.get_context("spawn").Pool(workers)  # spawn: forking a threaded Dagster/DuckDB process is unsafe
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="ingest", disable=progress is not True)
     file_rows = []
@@ -286,13 +315,12 @@ def _ingest(paths, warehouse: Warehouse, opts: IngestOptions, progress) -> Inges
             if f.suffix.lower() in (".jsonl", ".ndjson", ".json") and _has_predictions(f):
                 _reports_near([f], reports)
             ctx = _FileContext(f, attribution, max_bytes, reports, summary.batch_id, now)
-            chunks = _chunks(read_any(f), CHUNK_ROWS, CHUNK_BYTES)
-            if pool is not None and f.stat().st_size >= PARALLEL_MIN_BYTES:
-                pairs = _pipelined(pool, chunks, ctx, workers)
+            if pool is not None and f.suffix.lower() in (".jsonl", ".ndjson") and f.stat().st_size >= PARALLEL_MIN_BYTES:
+                results = _parallel_ranges(pool, f, ctx, staging, workers)
             else:
-                pairs = ((c, _normalise_chunk(c, ctx)) for c in chunks)
-            for items, res in pairs:
-                writer.write(items, res)
+                results = (_normalise_chunk(c, ctx) for c in _chunks(read_any(f), CHUNK_ROWS, CHUNK_BYTES))
+            for res in results:
+                writer.write(res)
             writer.flush()
             st = f.stat()
             file_rows.append((f, st, writer.per_file.copy()))
@@ -303,6 +331,9 @@ def _ingest(paths, warehouse: Warehouse, opts: IngestOptions, progress) -> Inges
         bar.close()
         if pool is not None:
             pool.terminate()
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
     summary.id_clashes = _count_clashes(warehouse, summary.batch_id) if summary.accepted else 0
     summary.seconds = round(time.perf_counter() - t0, 3)
     _record_batch(warehouse, summary, opts, [str(p) for p in paths], now, file_rows)
@@ -311,19 +342,35 @@ def _ingest(paths, warehouse: Warehouse, opts: IngestOptions, progress) -> Inges
     return summary
 
 
-def _pipelined(pool, chunks, ctx, workers):
-    """Keep `2 * workers` chunks in flight, yield results in input order."""
+def _split_ranges(path: Path, target: int) -> list[tuple[int, int, int]]:
+    """Newline-aligned (start, end, first line number) ranges of about `target` bytes."""
+    ranges, start, line = [], 0, 1
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        while start < size:
+            fh.seek(min(start + target, size))
+            fh.readline()  # move to the end of the line the cut falls in
+            end = min(fh.tell(), size)
+            fh.seek(start)
+            lines = fh.read(end - start).count(b"\n")
+            ranges.append((start, end, line))
+            start, line = end, line + lines
+    return ranges
+
+
+def _parallel_ranges(pool, path: Path, ctx: _FileContext, staging: Path, workers: int):
+    """Workers normalise ranges and stage Parquet parts; yield their results in file order
+    with at most `2 * workers` ranges in flight."""
     from collections import deque
 
     pending: deque = deque()
-    for c in chunks:
-        pending.append((c, pool.apply_async(_normalise_chunk, (c, ctx))))
+    for i, (start, end, line) in enumerate(_split_ranges(path, RANGE_BYTES)):
+        staged = staging / f"{path.name}-{i:06d}.parquet"
+        pending.append(pool.apply_async(_normalise_range, (path, start, end, line, ctx, staged)))
         if len(pending) >= 2 * workers:
-            c0, r0 = pending.popleft()
-            yield c0, r0.get()
+            yield pending.popleft().get()
     while pending:
-        c0, r0 = pending.popleft()
-        yield c0, r0.get()
+        yield pending.popleft().get()
 
 
 def _has_predictions(f: Path) -> bool:

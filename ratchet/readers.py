@@ -85,6 +85,20 @@ def read_lines(path: Path) -> Iterator[Raw]:
         yield Raw(str(path), 0, 0, b"", error=("empty_file", "the file is empty: no records"))
 
 
+def read_range(path: Path, start: int, end: int, first_line: int) -> Iterator[Raw]:
+    """The lines of one newline-aligned byte range (parallel ingest of a large JSONL file)."""
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        data = fh.read(end - start)
+    offset = start
+    for n, line in enumerate(data.split(b"\n"), first_line):
+        at = offset
+        offset += len(line) + 1
+        body = line.rstrip(b"\r")
+        if body.strip():
+            yield Raw(str(path), n, at, body)
+
+
 def read_document(path: Path) -> Iterator[Raw]:
     """A JSON document: one record, or an array / id-keyed object of records."""
     data = path.read_bytes()

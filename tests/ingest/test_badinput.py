@@ -115,3 +115,36 @@ def test_corrupt_parquet_is_quarantined_whole(tmp_path, wh):
 def test_missing_path_is_a_clear_error(tmp_path, wh):
     with pytest.raises(FileNotFoundError, match="does-not-exist"):
         ingest([tmp_path / "does-not-exist"], wh)
+
+
+def test_parallel_path_matches_inline(tmp_path, home, monkeypatch):
+    """Large files are split into newline-aligned ranges for worker processes: same rows, same
+    quarantine (with true line numbers), same counts as the inline path."""
+    import ratchet.ingest as ingest_mod
+    from ratchet.synth import write_jsonl
+    from ratchet.warehouse import Warehouse
+
+    write_jsonl(tmp_path / "a.jsonl", 120)
+    body = (tmp_path / "a.jsonl").read_bytes().splitlines()
+    body[37:37] = [samples.bad_lines()[0]]                  # truncated JSON as line 38
+    body.append(body[5])                                     # an exact duplicate as the last line
+    (tmp_path / "a.jsonl").write_bytes(b"\n".join(body) + b"\n")
+
+    def run(sub, **patch):
+        for k, v in patch.items():
+            monkeypatch.setattr(ingest_mod, k, v)
+        w = Warehouse(home.root / sub / "warehouse.duckdb")
+        s = ingest([tmp_path / "a.jsonl"], w, IngestOptions(workers=2))
+        with w.connect() as con:
+            rows = con.execute("SELECT record_id, source_line FROM trajectories ORDER BY 1").fetchall()
+            q = con.execute("SELECT source_line, reason_code, raw FROM quarantine").fetchall()
+        return s, rows, q
+
+    s1, rows1, q1 = run("inline")
+    s2, rows2, q2 = run("parallel", PARALLEL_MIN_BYTES=1, RANGE_BYTES=64 << 10)
+    assert (s1.read, s1.accepted, s1.quarantined, s1.duplicates) == (122, 120, 1, 1)
+    assert (s2.read, s2.accepted, s2.quarantined, s2.duplicates) == (122, 120, 1, 1)
+    assert rows1 == rows2
+    assert [(r[0], r[1], bytes(r[2])) for r in q1] == [(r[0], r[1], bytes(r[2])) for r in q2] == [
+        (38, "truncated_json", samples.bad_lines()[0])]
+    assert not list((home.root / "parallel" / "lake" / "trajectories").glob(".staging-*"))

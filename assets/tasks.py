@@ -1,0 +1,44 @@
+"""The repair-task suite (HumanEval mutants, verified in the sandbox) as the `tasks` table."""
+# No `from __future__ import annotations`: Dagster resolves Config annotations at import time.
+from typing import Optional
+
+from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+
+from resources import WarehouseResource
+
+
+class TaskSuiteConfig(Config):
+    seed: int = 0
+    limit: Optional[int] = None      # first N HumanEval problems (quick mode / tests); None = all 164
+    per_problem: int = 8             # verified mutants kept per problem
+    cache_dir: Optional[str] = None  # default $RATCHET_SUITE_CACHE or RATCHET_HOME/cache/humaneval-suite
+
+
+@asset(group_name="tasks", kinds={"duckdb"}, pool="warehouse",
+       description="Verified HumanEval repair tasks (seeded AST mutants): the `tasks` table, replaced whole.")
+def task_suite(context: AssetExecutionContext, config: TaskSuiteConfig, warehouse: WarehouseResource) -> MaterializeResult:
+    from collections import Counter
+
+    from ratchet.governance import store
+    from sandboxes.humaneval import build_suite
+    from sandboxes.humaneval.suite import cache_key
+
+    suite = build_suite(seed=config.seed, limit=config.limit, per_problem=config.per_problem,
+                        cache_dir=config.cache_dir)
+    key = cache_key(suite.params)
+    rows = store.task_rows(suite.tasks, suite_key=key)
+    wh = warehouse.get()
+    with wh.connect() as con:
+        store.ensure_schema(con)
+        n = store.replace(con, "tasks", rows)
+    context.log.info(f"tasks: {n} from {suite.stats.get('problems_used')} problems "
+                     f"({'cache' if suite.cached else f'built in {suite.build_seconds:.1f} s'})")
+    rejected = suite.stats.get("rejected", {})
+    md = "| reason | mutants |\n|---|---|\n" + "\n".join(f"| `{k}` | {v} |" for k, v in sorted(rejected.items(), key=lambda kv: -kv[1]))
+    return MaterializeResult(metadata={
+        "tasks": n, "problems": suite.stats.get("problems"), "problems_used": suite.stats.get("problems_used"),
+        "problems_dropped": MetadataValue.json(suite.stats.get("problems_dropped", {})),
+        "generated": suite.stats.get("generated"), "rejected": MetadataValue.md(md if rejected else "none rejected"),
+        "by_slice": MetadataValue.json(dict(sorted(Counter(r["slice"] for r in rows).items()))),
+        "environment_ids": MetadataValue.json(sorted({r["environment_id"] for r in rows})),
+        "suite_key": key, "cached": suite.cached, "seed": config.seed, "limit": config.limit or 0})

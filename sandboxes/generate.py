@@ -1,0 +1,313 @@
+"""Landing-folder log generator: run the reference agents in the real sandbox and write what a
+production harness log looks like, in the native trajectory contract (JSONL).
+
+    python -m sandboxes.generate --out .ratchet/landing/agent-logs --tasks 100 --seed 0
+
+Writes `OUT/<tenant>/<YYYY-MM-DD>.jsonl` (one file per tenant and day) and the consent registry
+(`consent_registry.yaml` in OUT's parent, or `--registry`). Mixed in, as real logs have them:
+  - tenants acme / globex / initech; consent per record: valid, expired (data older than the
+    90-day retention), revoked grant, missing consent_id, unknown consent_id;
+  - re-logged near-duplicates: the same task re-run later, an exact duplicate line, a copy whose
+    content differs only in whitespace (same trajectory_id);
+  - malformed lines: truncated JSON, a tool result without a matching call, wrong field types;
+  - approval checkpoints (initech approves every write; every tenant approves the submit);
+  - outcome: tests_passed = R_tests, accepted = reward status "scored" and tests passed,
+    human_edited seeded; usage: whitespace token counts, cost, measured latency.
+Cost = prompt tokens x PRICE_PROMPT + completion tokens x PRICE_COMPLETION + sandbox time billed
+per started second x PRICE_SANDBOX_S. Token counts: whitespace-separated tokens of every message
+(prompt tokens = the context re-sent on each assistant turn, as an API bills it).
+Deterministic for a seed except measured times (latency, ended_at, tool durations, and the
+sandbox-seconds part of cost when a run crosses a billing second).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+PRICE_PROMPT = 3.0e-6          # USD per prompt token ($3 / 1M)
+PRICE_COMPLETION = 15.0e-6     # USD per completion token ($15 / 1M)
+PRICE_SANDBOX_S = 1.0e-4       # USD per started sandbox second ($0.36 / hour)
+TENANTS = ("acme", "globex", "initech")
+CONSENT_MIX = (("valid", 0.70), ("expired", 0.08), ("revoked", 0.08), ("missing", 0.07), ("unknown", 0.07))
+DEFAULT_AS_OF = "2026-11-28"
+RETENTION_DAYS = 90
+GENERATOR = "ratchet-loggen/1"
+
+
+def count_tokens(text: str | None) -> int:
+    return len(text.split()) if text else 0
+
+
+def message_tokens(m: dict) -> int:
+    n = count_tokens(m.get("content"))
+    for c in m.get("tool_calls") or ():
+        n += 1 + count_tokens(c["function"]["arguments"])
+    return n
+
+
+def usage(messages: list[dict], sandbox_s: float) -> tuple[int, int, float]:
+    prompt = completion = context = 0
+    for m in messages:
+        t = message_tokens(m)
+        if m["role"] == "assistant":
+            prompt += context
+            completion += t
+        context += t
+    cost = prompt * PRICE_PROMPT + completion * PRICE_COMPLETION + math.ceil(sandbox_s) * PRICE_SANDBOX_S
+    return prompt, completion, round(cost, 6)
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def grant_table(as_of: datetime) -> dict[tuple[str, str], dict]:
+    """(tenant, kind) -> registry row. `expired` is a grant whose data is past retention."""
+    rows = {}
+    for t in TENANTS:
+        T = t.upper()
+        for kind, month, revoked in (("valid", "09", None), ("expired", "05", None),
+                                     ("revoked", "08", _iso(as_of - timedelta(days=5)))):
+            rows[(t, kind)] = {"consent_id": f"CONSENT-{T}-TRN-2026-{month}", "tenant_id": t,
+                               "scopes": ["execute", "train", "eval"], "retention_days": RETENTION_DAYS,
+                               "granted_at": f"2026-{month}-01T00:00:00Z", "revoked_at": revoked}
+    return rows
+
+
+@dataclass
+class Job:
+    index: int
+    task_id: str
+    agent: str
+    tenant: str
+    consent: str            # valid | expired | revoked | missing | unknown
+    started_at: datetime
+    seed: int
+    rerun_of: int | None = None
+
+
+def plan(task_ids: list[str], seed: int, as_of: datetime, expert_share: float = 0.6) -> list[Job]:
+    rng = random.Random(f"plan:{seed}")
+    kinds, weights = zip(*CONSENT_MIX)
+    jobs = []
+    # Every consent case and tenant appears at least once, then the mix decides.
+    consents = list(kinds) + rng.choices(kinds, weights, k=max(0, len(task_ids) - len(kinds)))
+    tenants = list(TENANTS) + [rng.choice(TENANTS) for _ in range(max(0, len(task_ids) - len(TENANTS)))]
+    rng.shuffle(consents)
+    rng.shuffle(tenants)
+    for i, tid in enumerate(task_ids):
+        consent = consents[i]
+        days = rng.randint(100, 130) if consent == "expired" else rng.randint(6, 13) if consent == "revoked" \
+            else rng.randint(0, 13)
+        start = as_of - timedelta(days=days) + timedelta(seconds=rng.randint(8 * 3600, 19 * 3600))
+        jobs.append(Job(i, tid, "expert" if rng.random() < expert_share else "noisy", tenants[i],
+                        consent, start, seed * 100_003 + i))
+    for k, src in enumerate(rng.sample(jobs, max(1, len(jobs) // 20))):   # the same task re-run later
+        later = min(src.started_at + timedelta(days=1, minutes=7), as_of + timedelta(hours=23))
+        jobs.append(Job(len(task_ids) + k, src.task_id, "expert", src.tenant, src.consent, later,
+                        src.seed + 7, rerun_of=src.index))
+    return jobs
+
+
+# --------------------------------------------------------------------------- running (workers)
+_RUNTIME = None
+_BUNDLES: dict = {}
+
+
+def _init_worker(bundles: dict, root) -> None:
+    global _RUNTIME, _BUNDLES
+    from sandboxes.runtime import LocalRuntime
+    _BUNDLES, _RUNTIME = bundles, LocalRuntime(root)
+
+
+def _run_job(job: Job):
+    from sandboxes.agents import run_agent
+    return job.index, run_agent(job.agent, _BUNDLES[job.task_id], seed=job.seed, runtime=_RUNTIME)
+
+
+def run_jobs(jobs: list[Job], bundles: dict, workers: int, root=None) -> dict:
+    if workers <= 1:
+        _init_worker(bundles, root)
+        return dict(map(_run_job, jobs))
+    import multiprocessing as mp
+    with mp.get_context("fork").Pool(workers, _init_worker, (bundles, root)) as pool:
+        return dict(pool.imap_unordered(_run_job, jobs))
+
+
+# --------------------------------------------------------------------------- records
+def to_record(job: Job, run, bundle, grants: dict, seed: int) -> dict:
+    from ratchet.contract import Approval, Message, ToolCall, Trajectory
+
+    rng = random.Random(f"rec:{seed}:{job.index}")
+    msgs = [Message(m["role"], m.get("content"), name=m.get("name"), tool_call_id=m.get("tool_call_id"),
+                    tool_calls=[ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"])
+                                for c in m.get("tool_calls") or ()]) for m in run.messages]
+    start = job.started_at
+    end = start + timedelta(seconds=run.latency_s)
+    reward = run.reward
+    accepted = run.accepted
+    approvals, t = [], start
+    for st in run.steps:
+        t += timedelta(seconds=st.duration_s)
+        writes = st.tool in ("edit", "apply_edit") and isinstance(st.arguments, dict)
+        if writes and job.tenant == "initech":
+            bad = any(f in str(st.arguments.get("path", "")) for f in ("test_",))
+            approvals.append(Approval(st.index, f"oncall@{job.tenant}.example", "rejected" if bad else "approved",
+                                      _iso(t), "edits a test file" if bad else None))
+        if st.tool == "submit":
+            approvals.append(Approval(st.index, f"lead@{job.tenant}.example", "approved" if accepted else "rejected",
+                                      _iso(t), None if accepted else (reward.status if reward else "no reward")))
+    consent = None if job.consent == "missing" else \
+        f"CONSENT-{job.tenant.upper()}-TRN-2026-13" if job.consent == "unknown" else \
+        grants[(job.tenant, job.consent)]["consent_id"]
+    prompt, completion, cost = usage(run.messages, run.sandbox_s)
+    day = start.strftime("%Y%m%d")
+    tid = hashlib.sha256(f"{seed}:{job.index}:{job.task_id}".encode()).hexdigest()[:12]
+    return Trajectory(
+        trajectory_id=f"{job.tenant}-{day}-{tid}", task_id=bundle.task_id, messages=msgs,
+        tenant_id=job.tenant, consent_id=consent, repo=bundle.repo, issue_id=bundle.issue_id,
+        agent_id=run.agent_id, started_at=_iso(start), ended_at=_iso(end), tools=run.tools,
+        approvals=approvals, patch=run.patch or None, tests_passed=run.tests_passed, accepted=accepted,
+        human_edited=bool(accepted and rng.random() < 0.3), prompt_tokens=prompt,
+        completion_tokens=completion, cost_usd=cost, latency_s=round(run.latency_s, 3),
+        environment_id=bundle.environment_id, environment_digest=bundle.environment_digest,
+        extra={"reward": None if reward is None else {"value": reward.value, "status": reward.status,
+                                                       "components": reward.components},
+               "attempts": run.attempts, "fixed_at": run.fixed_at, "notes": run.notes,
+               "rerun_of": job.rerun_of, "tool_durations_s": [round(s.duration_s, 4) for s in run.steps],
+               "generator": {"name": GENERATOR, "seed": seed}},
+    ).to_record()
+
+
+def _dumps(rec: dict) -> str:
+    return json.dumps(rec, ensure_ascii=False, separators=(",", ":"))
+
+
+def _whitespace_copy(rec: dict) -> dict:
+    """The same trajectory re-logged by a shipper that re-wrapped text: whitespace-only changes."""
+    rec = json.loads(json.dumps(rec))
+    for m in rec["messages"]:
+        if m.get("content"):
+            m["content"] = m["content"].replace("\n", " \n") + "\n"
+    return rec
+
+
+def _malformed(kind: str, rec: dict) -> str:
+    rec = json.loads(json.dumps(rec))
+    if kind == "truncated_json":
+        line = _dumps(rec)
+        return line[: len(line) // 2]
+    if kind == "orphan_tool_result":
+        i = next(i for i, m in enumerate(rec["messages"]) if m.get("tool_calls"))
+        del rec["messages"][i]               # the call is lost, its result stays
+    elif kind == "wrong_type_outcome":
+        rec["outcome"]["tests_passed"] = "yes"
+    elif kind == "wrong_type_usage":
+        rec["usage"]["prompt_tokens"] = str(rec["usage"]["prompt_tokens"])
+    return _dumps(rec)
+
+
+MALFORMED = {"truncated_json": "truncated_json", "orphan_tool_result": "orphan_tool_result",
+             "wrong_type_outcome": "wrong_type", "wrong_type_usage": "wrong_type"}
+
+
+def generate(out, n_tasks: int = 100, seed: int = 0, *, registry=None, as_of: str = DEFAULT_AS_OF,
+             workers: int | None = None, suite=None, expert_share: float = 0.6,
+             sandbox_root=None) -> dict:
+    """Run the agents and write the landing folder + consent registry; returns a summary dict."""
+    import os
+
+    import yaml
+
+    from sandboxes.humaneval import build_suite
+
+    t0 = time.monotonic()
+    out = Path(out)
+    as_of_dt = datetime.fromisoformat(as_of).replace(tzinfo=timezone.utc)
+    suite = suite or build_suite(seed=0)
+    pool = sorted(suite.tasks, key=lambda b: b.task_id)
+    tasks = random.Random(f"tasks:{seed}").sample(pool, min(n_tasks, len(pool)))
+    bundles = {b.task_id: b for b in tasks}
+    jobs = plan([b.task_id for b in tasks], seed, as_of_dt, expert_share)
+    runs = run_jobs(jobs, bundles, workers or min(2, os.cpu_count() or 1), sandbox_root)
+    grants = grant_table(as_of_dt)
+
+    files: dict[str, list[tuple[str, str, dict]]] = {}   # rel path -> [(sort key, line, meta)]
+    recs = []
+    for job in jobs:
+        rec = to_record(job, runs[job.index], bundles[job.task_id], grants, seed)
+        rel = f"{job.tenant}/{job.started_at:%Y-%m-%d}.jsonl"
+        files.setdefault(rel, []).append((rec["started_at"], _dumps(rec), {}))
+        recs.append((rel, rec))
+    rng = random.Random(f"defects:{seed}")
+    picks = rng.sample(range(len(recs)), min(len(recs), 4 + len(MALFORMED) + len(recs) // 50))
+    for k, i in enumerate(picks):
+        rel, rec = recs[i]
+        if k < 2:      # exact duplicate line, re-logged a little later
+            files[rel].append((rec["started_at"] + "~dup", _dumps(rec), {"kind": "exact_duplicate"}))
+        elif k < 4:
+            files[rel].append((rec["started_at"] + "~ws", _dumps(_whitespace_copy(rec)), {"kind": "whitespace_copy"}))
+        else:
+            kind = list(MALFORMED)[(k - 4) % len(MALFORMED)]
+            files[rel].append((rec["started_at"] + "~bad", _malformed(kind, rec),
+                               {"kind": kind, "expected_code": MALFORMED[kind]}))
+    defects, n_lines = [], 0
+    out.mkdir(parents=True, exist_ok=True)
+    for rel, rows in sorted(files.items()):
+        rows.sort(key=lambda r: r[0])
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text("".join(line + "\n" for _, line, _ in rows))
+        n_lines += len(rows)
+        defects += [{"file": rel, "line": n, **meta} for n, (_, _, meta) in enumerate(rows, 1) if meta]
+
+    used = {(j.tenant, j.consent) for j in jobs if j.consent in ("valid", "expired", "revoked")}
+    reg = Path(registry) if registry else out.resolve().parent / "consent_registry.yaml"
+    reg.parent.mkdir(parents=True, exist_ok=True)
+    rows = sorted((grants[k] for k in used), key=lambda g: g["consent_id"])
+    reg.write_text("# Consent grants referenced by the generated logs (sandboxes.generate).\n"
+                   f"# `*-2026-05` grants hold data older than their {RETENTION_DAYS}-day retention "
+                   f"as of {as_of}; `*-2026-08` grants are revoked.\n"
+                   + yaml.safe_dump({"as_of": as_of, "grants": rows}, sort_keys=False))
+    done = [runs[j.index] for j in jobs]
+    return {
+        "out": str(out), "registry": str(reg), "files": sorted(files), "lines": n_lines,
+        "trajectories": len(jobs), "tasks": len(tasks), "reruns": sum(j.rerun_of is not None for j in jobs),
+        "by_tenant": _count(j.tenant for j in jobs), "by_agent": _count(r.agent_id for r in done),
+        "by_consent": _count(j.consent for j in jobs),
+        "tests_passed": sum(bool(r.tests_passed) for r in done), "accepted": sum(r.accepted for r in done),
+        "gate_violations": sum(r.reward is not None and r.reward.status == "gate_violation" for r in done),
+        "infra_failures": sum(r.reward is not None and r.reward.status == "infra_failure" for r in done),
+        "defects": defects, "seconds": round(time.monotonic() - t0, 2),
+    }
+
+
+def _count(items) -> dict:
+    out: dict = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sandboxes.generate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="landing folder to write (one JSONL per tenant/day)")
+    ap.add_argument("--tasks", type=int, default=100, help="suite tasks to run (plus ~5%% re-runs)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--registry", help="consent registry path (default: OUT/../consent_registry.yaml)")
+    ap.add_argument("--as-of", default=DEFAULT_AS_OF, help="the logs' 'today' (YYYY-MM-DD)")
+    ap.add_argument("--workers", type=int, default=None, help="parallel episodes (default: min(2, cores))")
+    a = ap.parse_args(argv)
+    summary = generate(a.out, a.tasks, a.seed, registry=a.registry, as_of=a.as_of, workers=a.workers)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
