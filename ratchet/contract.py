@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import orjson
@@ -240,7 +240,7 @@ _MAPPED = frozenset({
 
 def _opt_str(rec: dict, key: str, path: str | None = None) -> str | None:
     v = rec.get(key)
-    if v is None or isinstance(v, str):
+    if v is None or type(v) is str:
         return v or None
     if isinstance(v, int) and not isinstance(v, bool):
         return str(v)  # numeric ids are common in foreign logs; keep them as text
@@ -276,6 +276,9 @@ def _opt_num(d: dict, key: str, path: str, kind=float):
     return float(v)
 
 
+_ZERO = timedelta(0)
+
+
 def parse_ts(v: Any, path: str) -> datetime | None:
     """ISO 8601 (a trailing Z is UTC; naive times are taken as UTC) or epoch seconds."""
     if v is None or v == "":
@@ -287,9 +290,11 @@ def parse_ts(v: Any, path: str) -> datetime | None:
             return v.replace(tzinfo=timezone.utc) if v.tzinfo is None else v.astimezone(timezone.utc)
         if isinstance(v, (int, float)):
             return datetime.fromtimestamp(v, tz=timezone.utc)
-        if isinstance(v, str):
-            t = datetime.fromisoformat(v[:-1] + "+00:00" if v.endswith(("Z", "z")) else v)
-            return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+        if type(v) is str:
+            t = datetime.fromisoformat(v)  # 3.11 reads a trailing Z as UTC
+            if t.tzinfo is None:
+                return t.replace(tzinfo=timezone.utc)
+            return t if t.utcoffset() == _ZERO else t.astimezone(timezone.utc)
         raise TypeError
     except (TypeError, ValueError, OverflowError, OSError):
         raise RecordError("bad_timestamp", f"{path} is not an ISO 8601 time or epoch seconds: {v!r:.60}") from None
@@ -365,10 +370,11 @@ def _messages(msgs: Any) -> tuple[int, int]:
         if tok is not None and (type(tok) is not list or not all(type(t) is int for t in tok)
                                 or (tok and (min(tok) < 0 or max(tok) > 2**31 - 1))):
             raise RecordError("wrong_type", f"messages[{i}].token_ids must be a list of integers in [0, 2^31)")
-        for k in ("name", "tool_call_id", "reasoning_content"):
-            v = get(k)
-            if v is not None and type(v) is not str:
-                raise RecordError("wrong_type", f"messages[{i}].{k} must be a string")
+        if len(m) > 3:  # optional string fields (most messages carry only role/content/+1)
+            for k in ("name", "tool_call_id", "reasoning_content"):
+                v = get(k)
+                if v is not None and type(v) is not str:
+                    raise RecordError("wrong_type", f"messages[{i}].{k} must be a string")
     return n_turns, n_calls
 
 
@@ -452,7 +458,7 @@ def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages
     if unknown:
         extra = {**extra, **unknown}
     row = {
-        "record_id": None, "trajectory_id": tid, "schema_version": SCHEMA_VERSION,
+        "trajectory_id": tid, "schema_version": SCHEMA_VERSION,
         "source_format": source_format,
         "tenant_id": _opt_str(rec, "tenant_id"), "consent_id": _opt_str(rec, "consent_id"),
         "task_id": task, "repo": _opt_str(rec, "repo"), "issue_id": _opt_str(rec, "issue_id"),
@@ -476,6 +482,8 @@ def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages
 
 
 def content_hash(row: dict) -> str:
-    """sha256 over the normalised content: the same trajectory re-logged gets the same id."""
-    body = {k: v for k, v in row.items() if k != "record_id"}
-    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    """sha256 over the normalised content (every key but record_id): the same trajectory
+    re-logged gets the same id."""
+    if "record_id" in row:
+        row = {k: v for k, v in row.items() if k != "record_id"}
+    return hashlib.sha256(orjson.dumps(row, option=orjson.OPT_SORT_KEYS)).hexdigest()
