@@ -299,6 +299,10 @@ def cluster_chart(hist: Mapping[str, int], title: str, path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------- splits
+def _source(item_id: str) -> str:
+    return item_id.split(":", 1)[1] if item_id.startswith((TASK_PREFIX, TRAJ_PREFIX)) else item_id
+
+
 def governed_splits(items: Iterable[Mapping], targets: Mapping[str, int], seed: int = 0,
                     manifest: HoldoutManifest | None = None, previous: Mapping[str, str] | None = None) -> list[dict]:
     """Split tasks by cluster (`splits.assign_splits`, targets count tasks), then give every
@@ -314,10 +318,13 @@ def governed_splits(items: Iterable[Mapping], targets: Mapping[str, int], seed: 
     tasks = [{"id": i["id"], "cluster_id": i["cluster_id"], "slice": i["slice"]} for i in items if i["kind"] == "task"]
     out: dict[str, tuple[str, str]] = {}
     if tasks:
-        t = assign_splits(tasks, targets=targets, seed=seed, manifest=manifest,
-                          previous={i["id"]: previous[i["id"]] for i in tasks if i["id"] in previous})
+        # the manifest lists bare task ids: split on those, report namespaced ids
+        bare = {i["id"]: _source(i["id"]) for i in tasks}
+        t = assign_splits([{**i, "id": bare[i["id"]]} for i in tasks], targets=targets, seed=seed, manifest=manifest,
+                          previous={bare[i["id"]]: previous[i["id"]] for i in tasks if i["id"] in previous})
+        full = {v: k for k, v in bare.items()}
         for r in t.to_pylist():
-            out[r["id"]] = (r["split"], r["reason"])
+            out[full[r["id"]]] = (r["split"], r["reason"])
     task_clusters: dict[str, list[str]] = defaultdict(list)
     for i in tasks:
         task_clusters[i["cluster_id"]].append(i["id"])
@@ -331,7 +338,7 @@ def governed_splits(items: Iterable[Mapping], targets: Mapping[str, int], seed: 
         splits = {out[m][0] for m in members}
         split = "holdout" if "holdout" in splits else (splits - {EXCLUDED} or {EXCLUDED}).pop()
         first = min(m for m in members if out[m][0] == split)
-        out[i["id"]] = (split, f"cluster_of_task {first.split(':', 1)[1]}")
+        out[i["id"]] = (split, f"cluster_of_task {_source(first)}")
     if orphans:
         tr, va = int(targets.get("train", 0)), int(targets.get("val", 0))
         if tr + va == 0:
@@ -342,7 +349,7 @@ def governed_splits(items: Iterable[Mapping], targets: Mapping[str, int], seed: 
         t = assign_splits(rows, targets={"train": tr * scale, "val": va * scale, "holdout": 0}, seed=seed, previous=prev)
         for r in t.to_pylist():
             out[r["id"]] = (r["split"], "trajectory_cluster" if r["reason"] == "assigned" else r["reason"])
-    return [{"id": i["id"], "kind": i["kind"], "source_id": i["id"].split(":", 1)[1], "cluster_id": i["cluster_id"],
+    return [{"id": i["id"], "kind": i["kind"], "source_id": _source(i["id"]), "cluster_id": i["cluster_id"],
              "slice": i["slice"], "split": out[i["id"]][0], "reason": out[i["id"]][1], "tenant_id": i.get("tenant_id")}
             for i in items]
 

@@ -57,6 +57,8 @@ class Session:
         return self.env.max_turns - self.env.turns
 
     def call(self, tool: str, arguments: dict | str | None = None, thought: str = "") -> str:
+        if self.env.done:   # turn limit hit earlier: nothing more goes into the transcript
+            return "error: the episode is over"
         n = len(self.env.steps)
         cid = f"call_{n:02d}"
         raw = arguments if isinstance(arguments, str) else json.dumps(arguments or {})

@@ -1,0 +1,248 @@
+"""Governance persistence: tables, idempotent writes, the holdout's recorded state, the split
+composition (tasks by cluster, trajectories inherit), consent rows, the SQL re-verification and
+checkpoint flags. Warehouse-level, no Dagster."""
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from ratchet.governance import store
+from ratchet.governance.consent import grants_from_rows
+from ratchet.governance.manifest import ManifestError, create_manifest, load_manifest, save_manifest
+from ratchet.governance.splits import EXCLUDED
+
+pytestmark = pytest.mark.governance
+NOW = datetime(2026, 11, 15, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def con(wh):
+    with wh.connect() as c:
+        store.ensure_schema(c)
+        yield c
+
+
+def _ids(con, sql):
+    return [r[0] for r in con.execute(sql).fetchall()]
+
+
+def test_schema_is_idempotent_and_replace_leaves_the_same_table(con):
+    store.ensure_schema(con)  # twice: no error
+    rows = [{"id": f"task:t{i}", "kind": "task", "source_id": f"t{i}", "cluster_id": "c", "slice": "x",
+             "split": "train", "reason": "assigned"} for i in range(5)]
+    for _ in range(2):
+        store.replace(con, "split_assignments", rows)
+    assert con.execute("SELECT count(*) FROM split_assignments").fetchall()[0][0] == 5
+    assert con.execute("SELECT items FROM v_split_summary").fetchall() == [(5,)]
+    cols = {r[0] for r in con.execute("DESCRIBE checkpoints").fetchall()}
+    assert {"checkpoint_id", "tenant_id", "trained_record_ids", "consent_ids", "created_at", "flagged", "flag_reason"} <= cols
+    for view in store.VIEWS:
+        con.execute(f"SELECT * FROM {view} LIMIT 0")
+
+
+def _items(n_task_clusters=30, traj_only=10):
+    items = []
+    for c in range(n_task_clusters):
+        for k in range(3):
+            items.append({"id": f"task:p{c:02d}-{k}", "kind": "task", "cluster_id": f"c{c:02d}",
+                          "slice": ("arith", "cmp", "const")[c % 3], "tenant_id": None})
+        items.append({"id": f"traj:r{c:02d}", "kind": "trajectory", "cluster_id": f"c{c:02d}", "slice": "acme",
+                      "tenant_id": "acme"})
+    for c in range(traj_only):
+        items.append({"id": f"traj:o{c:02d}", "kind": "trajectory", "cluster_id": f"o{c:02d}",
+                      "slice": ("acme", "globex")[c % 2], "tenant_id": ("acme", "globex")[c % 2]})
+    return items
+
+
+def test_governed_splits_tasks_by_cluster_and_trajectories_inherit():
+    items = _items()
+    rows = store.governed_splits(items, {"train": 600, "val": 160, "holdout": 400}, seed=3)
+    split = {r["id"]: r["split"] for r in rows}
+    per_cluster = {}
+    for i in items:
+        per_cluster.setdefault(i["cluster_id"], set()).add(split[i["id"]])
+    assert all(len(s) == 1 for s in per_cluster.values()), "a cluster spans two splits"
+    tasks = [r for r in rows if r["kind"] == "task"]
+    assert {r["split"] for r in tasks} == {"train", "val", "holdout"}
+    assert sum(r["split"] == "holdout" for r in tasks) in range(27, 40)   # ~400/1160 of 90, whole clusters
+    assert all(r["reason"].startswith("cluster_of_task") for r in rows if r["id"].startswith("traj:r"))
+    orphans = [r for r in rows if r["id"].startswith("traj:o")]
+    assert orphans and all(r["split"] in ("train", "val") for r in orphans)   # never holdout
+
+
+def test_governed_splits_with_locked_manifest_freeze_the_holdout():
+    items = _items()
+    first = store.governed_splits(items, {"train": 600, "val": 160, "holdout": 400}, seed=3)
+    hold = sorted(r["source_id"] for r in first if r["kind"] == "task" and r["split"] == "holdout")
+    m = create_manifest(hold, locked_by="test")
+    # more data: new task clusters, a new task that joins a holdout cluster, new trajectories
+    more = _items(45, 20)
+    joined = next(i for i in items if i["id"] == f"task:{hold[0]}")["cluster_id"]
+    more.append({"id": "task:newcomer", "kind": "task", "cluster_id": joined, "slice": "cmp", "tenant_id": None})
+    more.append({"id": "traj:late", "kind": "trajectory", "cluster_id": joined, "slice": "acme", "tenant_id": "acme"})
+    prev = {r["id"]: r["split"] for r in first}
+    rows = store.governed_splits(more, {"train": 600, "val": 160, "holdout": 400}, seed=99, manifest=m, previous=prev)
+    split = {r["id"]: r for r in rows}
+    assert sorted(r["source_id"] for r in rows if r["kind"] == "task" and r["split"] == "holdout") == hold
+    assert split["task:newcomer"]["split"] == EXCLUDED and hold[0] in split["task:newcomer"]["reason"]
+    assert split["traj:late"]["split"] == "holdout"      # a trajectory of a holdout cluster is never trained on
+    assert all(split[i]["split"] == s for i, s in prev.items())   # train / val stable too
+
+
+def _lock(con, path, ids=("a", "b", "c")):
+    return store.lock_holdout(con, path, list(ids), locked_by="test")
+
+
+def test_holdout_state_round_trip_and_unlock_audit(con, home):
+    path = home.root / "holdout_manifest.json"
+    assert store.holdout_state(con, path).manifest is None
+    m = _lock(con, path)
+    st = store.holdout_state(con, path)
+    assert st.locked and st.recorded and st.manifest.sha256 == m.sha256
+    with pytest.raises(ManifestError, match="reason"):
+        store.unlock_holdout(con, path, reason=" ", actor="alice")
+    m2, row = store.unlock_holdout(con, path, reason="grow the holdout", actor="alice")
+    assert not m2.locked and row["actor"] == "alice" and row["reason"] == "grow the holdout"
+    assert not store.holdout_state(con, path).locked
+    assert json.loads(path.read_text())["audit"][-1]["actor"] == "alice"
+    log = store.fetch(con, "SELECT event, actor, reason FROM holdout_manifest_log ORDER BY seq")
+    assert log[-1] == {"event": "unlock", "actor": "alice", "reason": "grow the holdout"}
+    m3 = store.lock_holdout(con, path, ["a", "b", "c", "d"], locked_by="test", previous=m2)
+    assert m3.version == 2 and store.holdout_state(con, path).locked
+    assert m3.audit and m3.audit[-1]["actor"] == "alice"
+
+
+def test_missing_manifest_fails_when_the_warehouse_recorded_one(con, home):
+    path = home.root / "holdout_manifest.json"
+    _lock(con, path)
+    path.unlink()
+    with pytest.raises(ManifestError, match="missing"):
+        store.holdout_state(con, path)
+
+
+def test_rewritten_self_consistent_manifest_is_caught_by_the_recorded_hash(con, home):
+    path = home.root / "holdout_manifest.json"
+    _lock(con, path)
+    forged = create_manifest(["a", "b", "x"], locked_by="mallory")
+    save_manifest(forged, path)
+    assert load_manifest(path).sha256 == forged.sha256          # consistent with itself
+    with pytest.raises(ManifestError, match="differs from the recorded"):
+        store.holdout_state(con, path)
+
+
+def test_hand_flipped_lock_flag_and_edited_rows_are_caught(con, home):
+    path = home.root / "holdout_manifest.json"
+    _lock(con, path)
+    d = json.loads(path.read_text())
+    d["locked"] = False
+    path.write_text(json.dumps(d))
+    with pytest.raises(ManifestError, match="locked=False"):
+        store.holdout_state(con, path)
+    d["locked"] = True
+    path.write_text(json.dumps(d))
+    store.holdout_state(con, path)
+    con.execute("UPDATE holdout_manifest SET task_id = 'zzz' WHERE task_id = 'c'")
+    with pytest.raises(ManifestError):
+        store.holdout_state(con, path)
+
+
+def test_manifest_without_a_warehouse_record_is_adopted(con, home):
+    path = home.root / "holdout_manifest.json"
+    save_manifest(create_manifest(["a", "b"], locked_by="elsewhere"), path)
+    st = store.holdout_state(con, path)
+    assert st.needs_adoption and st.locked
+    store.adopt_holdout(con, st, actor="test")
+    st = store.holdout_state(con, path)
+    assert st.recorded and not st.needs_adoption
+    assert _ids(con, "SELECT event FROM holdout_manifest_log") == ["adopt"]
+
+
+def _grants(**over):
+    base = [
+        {"consent_id": "G-ACME", "tenant_id": "acme", "scopes": ["execute", "train"], "retention_days": 90,
+         "granted_at": "2026-09-01"},
+        {"consent_id": "G-GLOBEX", "tenant_id": "globex", "scopes": ["train"], "retention_days": 90,
+         "granted_at": "2026-09-01", "cross_tenant_train_for": over.get("share", [])},
+    ]
+    return grants_from_rows(base)
+
+
+def _traj(rid, tenant, consent, ended="2026-11-10T00:00:00+00:00"):
+    return {"record_id": rid, "trajectory_id": rid, "tenant_id": tenant, "consent_id": consent, "task_id": "t",
+            "started_at": None, "ended_at": datetime.fromisoformat(ended), "accepted": True, "tests_passed": True}
+
+
+def test_training_rows_gate_consent_then_split():
+    trajs = [_traj("r1", "acme", "G-ACME"), _traj("r2", "acme", "G-ACME"), _traj("r3", "globex", "G-GLOBEX"),
+             _traj("r4", "acme", "G-ACME")]
+    split_of = {"r1": {"split": "train", "cluster_id": "c1"}, "r2": {"split": "val", "cluster_id": "c2"},
+                "r3": {"split": "train", "cluster_id": "c3"}}
+    train, audit = store.training_rows(trajs, _grants(), split_of, NOW)
+    assert {(r["tenant_id"], r["record_id"]) for r in train} == {("acme", "r1"), ("globex", "r3")}
+    why = {(a["target_tenant"], a["record_id"]): a["reason"] for a in audit}
+    assert why[("acme", "r2")] == "not_train_split" and why[("acme", "r4")] == "not_train_split"
+    assert why[("acme", "r3")] == "cross_tenant" and why[("globex", "r1")] == "cross_tenant"
+    assert next(a for a in audit if a["record_id"] == "r4" and a["target_tenant"] == "acme")["detail"].startswith("no split")
+    train, _ = store.training_rows(trajs, _grants(share=["acme"]), split_of, NOW)
+    assert ("acme", "r3") in {(r["tenant_id"], r["record_id"]) for r in train}   # explicit sharing
+
+
+def _ingest_some(wh, tmp_path, n=6):
+    from ratchet.ingest import ingest
+    from ratchet.synth import write_jsonl
+
+    write_jsonl(tmp_path / "t.jsonl", n)
+    ingest([tmp_path / "t.jsonl"], wh)
+    return wh.query("SELECT record_id, tenant_id, consent_id FROM trajectories ORDER BY record_id").to_pylist()
+
+
+def test_sql_reverification_catches_every_kind_of_bad_training_row(wh, tmp_path):
+    trajs = _ingest_some(wh, tmp_path)
+    acme = [t for t in trajs if t["tenant_id"] == "acme"]
+    globex = [t for t in trajs if t["tenant_id"] == "globex"]
+    with wh.connect() as con:
+        store.ensure_schema(con)
+        store.replace(con, "consent_grants", [
+            {"consent_id": "CONSENT-ACME-TRN-2026-09", "tenant_id": "acme", "scopes": ["train"], "retention_days": 90,
+             "granted_at": datetime(2026, 9, 1, tzinfo=timezone.utc)},
+            {"consent_id": "CONSENT-GLOBEX-TRN-2026-09", "tenant_id": "globex", "scopes": ["train"], "retention_days": 90,
+             "granted_at": datetime(2026, 9, 1, tzinfo=timezone.utc), "revoked_at": datetime(2026, 11, 5, tzinfo=timezone.utc)}])
+        store.replace(con, "split_assignments", [
+            {"id": f"traj:{t['record_id']}", "kind": "trajectory", "source_id": t["record_id"], "cluster_id": "c",
+             "split": "val" if t is acme[1] else "train"} for t in trajs])
+
+        def violations(rows):
+            store.replace(con, "training_set", [{**r, "evaluated_at": NOW, "split": "train"} for r in rows])
+            return {b["violation"]: b["n"] for b in store.fetch(con, store.TRAINING_VIOLATIONS_SQL)}
+
+        assert violations([{"tenant_id": "acme", "record_id": acme[0]["record_id"]}]) == {}
+        assert violations([{"tenant_id": "acme", "record_id": globex[0]["record_id"]}]) == {"cross_tenant": 1}
+        assert violations([{"tenant_id": "globex", "record_id": globex[0]["record_id"]}]) == {"revoked": 1}
+        assert violations([{"tenant_id": "acme", "record_id": acme[1]["record_id"]}]) == {"not_train_split": 1}
+        assert violations([{"tenant_id": "acme", "record_id": "nope"}]) == {"unknown_record": 1}
+        store.replace(con, "training_set", [{"tenant_id": "acme", "record_id": acme[0]["record_id"], "split": "train",
+                                             "evaluated_at": NOW + timedelta(days=200)}])
+        assert {b["violation"] for b in store.fetch(con, store.TRAINING_VIOLATIONS_SQL)} == {"expired"}
+
+
+def test_checkpoint_flags_follow_revocation_and_stay_sticky(wh, tmp_path):
+    trajs = _ingest_some(wh, tmp_path)
+    acme = [t["record_id"] for t in trajs if t["tenant_id"] == "acme"]
+    grant = {"consent_id": "CONSENT-ACME-TRN-2026-09", "tenant_id": "acme", "scopes": ["train"], "retention_days": 90,
+             "granted_at": datetime(2026, 9, 1, tzinfo=timezone.utc)}
+    with wh.connect() as con:
+        store.ensure_schema(con)
+        store.register_checkpoint(con, "ck-acme-1", "acme", acme)
+        store.register_checkpoint(con, "ck-other", "globex", [])
+        assert store.fetch(con, "SELECT consent_ids FROM checkpoints WHERE checkpoint_id = 'ck-acme-1'")[0]["consent_ids"] == [
+            "CONSENT-ACME-TRN-2026-09"]
+        store.replace(con, "consent_grants", [grant])
+        assert store.flag_checkpoints(con, NOW) == ([], [])
+        store.replace(con, "consent_grants", [{**grant, "revoked_at": datetime(2026, 11, 14, tzinfo=timezone.utc)}])
+        flags, new = store.flag_checkpoints(con, NOW)
+        assert new == ["ck-acme-1"] and flags[0]["n_records"] == len(acme)
+        row = store.fetch(con, "SELECT flagged, flag_reason FROM checkpoints WHERE checkpoint_id = 'ck-acme-1'")[0]
+        assert row["flagged"] and "CONSENT-ACME-TRN-2026-09" in row["flag_reason"]
+        store.replace(con, "consent_grants", [grant])            # un-revoked: the checkpoint stays flagged
+        assert store.flag_checkpoints(con, NOW) == ([], [])
+        assert _ids(con, "SELECT checkpoint_id FROM checkpoints WHERE flagged") == ["ck-acme-1"]
