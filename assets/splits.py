@@ -42,6 +42,9 @@ def dedup_clusters(context: AssetExecutionContext, config: DedupConfig, warehous
     from ratchet.governance.clusters import build_clusters
     from ratchet.home import get_home
 
+    if not 0.0 < config.threshold <= 0.98:
+        raise ValueError(f"dedup threshold {config.threshold} must be in (0, 0.98]: MinHash LSH over 128 "
+                         f"permutations cannot form two bands above 0.98")
     wh = warehouse.get()
     with wh.connect() as con:
         store.ensure_schema(con)

@@ -120,7 +120,8 @@ def failures(res) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("suite-cache")
+    """A suite cache for this module (`make test` runs with -p no:cacheprovider)."""
+    return tmp_path_factory.mktemp("humaneval-suite")
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +152,24 @@ def home_copy(base, tmp_path, monkeypatch):
     shutil.copytree(base["root"], root)
     monkeypatch.setenv("RATCHET_HOME", str(root))
     return root
+
+
+def test_definitions_wire_governance_into_the_graph():
+    from dagster import AssetKey
+
+    from pipelines.definitions import defs
+
+    g = defs.resolve_asset_graph()
+    up = {k: {p.to_user_string() for p in g.get(AssetKey(k)).parent_keys}
+          for k in ("dedup_clusters", "split_assignments", "holdout_manifest", "training_views", "checkpoint_flags")}
+    assert up["dedup_clusters"] == {"task_suite", "trajectories"}
+    assert up["split_assignments"] == {"dedup_clusters"} and up["holdout_manifest"] == {"split_assignments"}
+    assert {"split_assignments", "holdout_manifest", "consent_grants"} <= up["training_views"]
+    blocking = {k.name: g.get_check_spec(k).blocking for k in g.asset_check_keys}
+    assert blocking["contamination"] and blocking["training_views_clean"]
+    assert g.get(AssetKey("task_suite")).group_name == "tasks"
+    assert {g.get(AssetKey(k)).group_name for k in ("dedup_clusters", "split_assignments", "holdout_manifest")} == {"governance"}
+    assert defs.resolve_job_def("governance_job") is not None
 
 
 def test_graph_materialises_and_every_check_passes(base):

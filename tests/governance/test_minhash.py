@@ -45,3 +45,19 @@ def test_lsh_pairs_find_planted_near_duplicate_with_estimated_jaccard():
     pairs = lsh_pairs(ids, sig, threshold=0.8)
     assert [(a, b) for a, b, _ in pairs] == [("d00", "near")]
     assert 0.85 <= pairs[0][2] <= 1.0
+
+
+def test_string_view_boundaries_and_shared_template_bit_identical():
+    # shingles of 11/12/13 bytes straddle Arrow's 12-byte inline limit (multi-byte chars too);
+    # a shared template makes most shingle occurrences repeat across documents
+    rng = random.Random(5)
+    template = "you are a code repair agent read the issue and fix the bug"
+    edge = ["abcdefghijk", "abcdefghijkl", "abcdefghijklm", "δέλτα12", "ééééé", "é" * 7, "x", "😀😀😀"]
+    docs = [template + " " + " ".join(rng.choice(edge + WORDS) for _ in range(rng.randint(0, 30))) for _ in range(120)]
+    docs += [rng.choice(edge) for _ in range(40)]
+    for k in (1, 2, 5):
+        sig = signatures(docs, k=k, chunk_docs=50, threads=1)
+        for i, d in enumerate(docs):
+            m = MinHash(num_perm=128, seed=1)
+            m.update_batch([s.encode("utf-8") for s in shingles(d, k)])
+            assert np.array_equal(sig[i], m.hashvalues), (k, i, d)
