@@ -68,7 +68,7 @@ def cmd_query(args) -> int:
 def cmd_demo(args) -> int:
     from pipelines.demo import run_demo
 
-    return run_demo(_home(args), quick=args.quick)
+    return run_demo(_home(args), quick=args.quick, tasks=args.tasks)
 
 
 def cmd_ui(args) -> int:
@@ -170,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="run the whole lifecycle on the embedded default")
     s.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
+    s.add_argument("--tasks", type=int, help="how many tasks the reference agents run (default 120, quick 16)")
     s.set_defaults(fn=cmd_demo)
 
     s = sub.add_parser("ui", help="start the Dagster UI")

@@ -139,7 +139,8 @@ def write_samples(landing: Path, n_synthetic: int = 200, seed: int = 0) -> dict:
     swe = landing / "swebench"
     for d in (landing / "native", harness, swe / "logs" / "run1" / "acme-agent-v7", landing / "bad"):
         d.mkdir(parents=True, exist_ok=True)
-    write_jsonl(landing / "native" / "acme-globex-2026-11-01.jsonl", n_synthetic, seed=seed)
+    if n_synthetic:
+        write_jsonl(landing / "native" / "acme-globex-2026-11-01.jsonl", n_synthetic, seed=seed)
     (harness / "_batch.yaml").write_text("tenant_id: initech\nconsent_id: CONSENT-INITECH-TRN-2026-09\n")
     (harness / "acme__billing-1042.traj.json").write_text(json.dumps(mini_swe_agent_traj(), indent=1))
     (harness / "acme__billing-1042.traj").write_text(json.dumps(swe_agent_traj(), indent=1))
