@@ -1,25 +1,50 @@
 """MinHash signatures of normalised prompt text, bit-identical to `datasketch.MinHash`.
 
 Why hand-written: `datasketch.MinHash.update_batch` hashes shingles one Python call at a time and
-builds one MinHash object per document. Measured with bench/dedup.py on this 2-core box (50k docs
-x 200 five-word shingles, 128 permutations, quiet machine): datasketch 2.4k docs/s (shingles
-prepared outside the timer); this path 7.8k docs/s on one thread, 15.3k on two: 6.3x (3.2x thread
-for thread), short of the 10x goal. SHA-1 itself is now the floor (bit-identity forbids a cheaper
-hash); the time goes to three vectorised steps:
-  * shingles are cut from the whole chunk's UTF-8 bytes with numpy (no per-shingle Python);
-  * SHA-1 runs inside DuckDB (`sha1()`, ~6.7M shingles/s vs 1.4-1.9M/s for a hashlib loop);
-  * the permutation is one (num_perm x shingles) uint32 matrix per chunk, min-reduced per doc
-    with `np.minimum.reduceat` along the contiguous axis (~110k docs/s; row-major was 5x slower).
+builds one MinHash object per document. bench/dedup.py (50k docs x 200 five-word shingles, 128
+permutations) on this shared 2-core box: datasketch ~2.5-3.3k docs/s; this path ~26-33k docs/s
+per CPU-second on one thread (~10x; 13-17x on the uniform corpus), wall-clock ratios with 2
+threads 8-13x depending on the other load. SHA-1 is fixed by bit-identity (datasketch's
+sha1_hash32), so it runs in compiled code, batched per chunk (HASH_BACKEND):
+  * "c": ratchet/governance/_sha1batch.c (built by setup.py on `pip install -e .`), SHA-NI with a
+    CPUID check and a portable C fallback: ~28-35 ns per ~33-byte shingle with SHA-NI (portable
+    ~170), straight from byte spans into the joined text, GIL released;
+  * "duckdb" (when the optional extension is not built): DuckDB `sha1()` on Arrow string views
+    plus a SWAR hex decode, ~170-260 ns/shingle; a hashlib loop is ~400-500 ns (per-call cost).
+Per 1024-doc chunk, CPU ms with "c": normalise ~8-12, shingle spans ~6-12, SHA-1 ~6-7,
+permutation+min ~8; with "duckdb" SHA-1 ~35-40 and string views ~13 more.
+  * shingles are byte spans into the chunk's joined UTF-8 bytes (for DuckDB: Arrow string_view
+    values, 16 bytes of numpy per shingle); no shingle text is copied (the copy cost as much as
+    SHA-1 itself did);
+  * DuckDB's hex digests are decoded SWAR, 8 chars per uint64;
+  * the permutation is one reused (num_perm x ~6k shingles) matrix per block of whole docs,
+    min-reduced per doc with `np.minimum.reduceat` along the contiguous axis (cache-resident).
+Hashing each distinct shingle once was measured and rejected: on a prompt-log corpus (~40% of
+occurrences template boilerplate) exact per-chunk dedup (DuckDB group-by/join, pyarrow
+dictionary_encode) costs as much as or more than the SHA-1 it saves, and a 64-bit-hash dedup is
+not exact.
 Identity with datasketch is asserted in tests/governance (all three schemes) and in the bench (default).
 LSH candidate search stays with `datasketch.MinHashLSH` (see `lsh_pairs`).
 """
 from __future__ import annotations
 
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Sequence
 
 import numpy as np
+
+try:  # built by setup.py (`pip install -e .`); optional: without it SHA-1 runs in DuckDB
+    from ratchet.governance import _sha1batch
+except ImportError:  # pragma: no cover - depends on the install
+    _sha1batch = None
+
+# "c" (ratchet/governance/_sha1batch.c, SHA-NI when the CPU has it) or "duckdb" (sha1() on
+# Arrow string views). Both give bit-identical signatures; `signatures(backend=...)` overrides.
+HASH_BACKEND = "c" if _sha1batch is not None else "duckdb"
+HASH_IMPL = f"c/{_sha1batch.IMPL}" if _sha1batch is not None else "duckdb"
+logging.getLogger(__name__).debug("minhash SHA-1 backend: %s", HASH_IMPL)
 
 DEFAULT_NUM_PERM = 128
 DEFAULT_SEED = 1
@@ -98,22 +123,19 @@ def _hex_le(hexdigits: np.ndarray, nbytes: int) -> np.ndarray:
     return out
 
 
-def _chunk_shingles(norm: Sequence[str], k: int):
-    """Cut the word k-shingles of already-normalised texts out of their joined UTF-8 bytes.
-    Returns (pyarrow string_view array of shingles, per-doc shingle counts). The views point
-    into the joined bytes, so no shingle is copied (a shingle is ~k times its share of the
-    text): only 16 bytes per shingle are written, all in numpy."""
-    import pyarrow as pa
-
+def _chunk_spans(norm: Sequence[str], k: int):
+    """Byte spans of the word k-shingles of already-normalised texts inside their joined UTF-8
+    bytes. Returns (joined bytes, starts, ends, per-doc shingle counts); starts/ends are int32
+    (None when there are no shingles). Nothing is copied per shingle: shingles overlap, so a
+    shingle is ~k times its share of the text."""
     ntok = np.fromiter((t.count(" ") + 1 if t else 0 for t in norm), dtype=np.int64, count=len(norm))
     nsh = np.where(ntok == 0, 0, np.maximum(ntok - k + 1, 1))
     if nsh.sum() == 0:
-        return pa.array([], pa.string()), nsh
+        return b"", None, None, nsh
     data = " ".join(t for t in norm if t).encode("utf-8")
-    if len(data) >= 2**31 - 16:  # view offsets are int32; callers chunk far below this
-        raise ValueError("chunk too large for string views; lower chunk_docs")
-    buf = np.frombuffer(data + bytes(_INLINE), dtype=np.uint8)  # padded for the inline gather
-    sp = np.flatnonzero(buf[: len(data)] == 32)  # UTF-8 continuation bytes never equal 0x20
+    if len(data) >= 2**31 - 16:  # int32 spans (and view offsets); callers chunk far below this
+        raise ValueError("chunk too large for int32 spans; lower chunk_docs")
+    sp = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 32)  # UTF-8 continuation bytes never equal 0x20
     starts = np.concatenate(([0], sp + 1)).astype(np.int32)
     ends = np.concatenate((sp, [len(data)])).astype(np.int32)
     nt = ntok[ntok > 0].astype(np.int32)
@@ -125,8 +147,19 @@ def _chunk_shingles(norm: Sequence[str], k: int):
     j = np.arange(int(ns.sum()), dtype=np.int32) - sh0[doc_rep]
     first = tok0[doc_rep] + j
     last = tok0[doc_rep] + np.minimum(j + np.int32(k - 1), (nt - 1)[doc_rep])
-    s = starts[first]
-    lens = ends[last] - s
+    return data, starts[first], ends[last], nsh
+
+
+def _chunk_shingles(norm: Sequence[str], k: int):
+    """Shingles as a pyarrow string_view array pointing into the chunk's joined UTF-8 bytes (for
+    DuckDB), plus per-doc shingle counts: only 16 bytes per shingle are written, all in numpy."""
+    import pyarrow as pa
+
+    data, s, e, nsh = _chunk_spans(norm, k)
+    if s is None:
+        return pa.array([], pa.string()), nsh
+    buf = np.frombuffer(data + bytes(_INLINE), dtype=np.uint8)  # padded for the inline gather
+    lens = e - s
     # Arrow string_view layout, 16 bytes per value: int32 length, then either the value itself
     # (<= 12 bytes, zero padded) or a 4-byte prefix, int32 buffer index and int32 offset.
     views = np.lib.stride_tricks.sliding_window_view(buf, _INLINE)[s]
@@ -141,6 +174,17 @@ def _chunk_shingles(norm: Sequence[str], k: int):
     v[longv, 3] = s[longv]
     arr = pa.Array.from_buffers(pa.string_view(), len(s), [None, pa.py_buffer(v), pa.py_buffer(buf)])
     return arr, nsh
+
+
+def _chunk_hashes_c(norm: Sequence[str], k: int, nbytes: int):
+    """(first `nbytes` of SHA-1, little-endian, per shingle; per-doc shingle counts) via the C
+    extension, straight from the spans (no views, no hex)."""
+    data, s, e, nsh = _chunk_spans(norm, k)
+    if s is None:
+        return np.empty(0, dtype=np.uint32 if nbytes == 4 else np.uint64), nsh
+    hv = np.empty(len(s), dtype=np.uint32 if nbytes == 4 else np.uint64)
+    _sha1batch.sha1_le(data, s.astype(np.int64), e.astype(np.int64), hv)  # releases the GIL
+    return hv, nsh
 
 
 def _sha1_le(con, arr, nbytes: int) -> np.ndarray:
@@ -158,13 +202,18 @@ def _sha1_le(con, arr, nbytes: int) -> np.ndarray:
 
 
 def _signature_chunk(con, norm, k, a, b, scheme) -> np.ndarray:
-    arr, nsh = _chunk_shingles(norm, k)
+    """One chunk of signatures; `con` is a DuckDB cursor (hash in DuckDB) or None (C extension)."""
+    nbytes = 8 if scheme == "affine64" else 4
+    if con is None:
+        hv, nsh = _chunk_hashes_c(norm, k, nbytes)
+    else:
+        arr, nsh = _chunk_shingles(norm, k)
+        hv = _sha1_le(con, arr, nbytes) if len(arr) else None
     dtype = np.uint64 if scheme in ("legacy", "affine64") else np.uint32
     init = _MAX32 if scheme == "legacy" else np.iinfo(dtype).max
     out = np.full((len(norm), len(a)), init, dtype=dtype)
-    if len(arr) == 0:
+    if hv is None or len(hv) == 0:
         return out
-    hv = _sha1_le(con, arr, 8 if scheme == "affine64" else 4)
     has = np.flatnonzero(nsh > 0)
     bounds = np.concatenate(([0], np.cumsum(nsh[has])))
     if scheme == "affine32":
@@ -200,13 +249,18 @@ def signatures(
     scheme: str = DEFAULT_SCHEME,
     threads: int | None = None,
     chunk_docs: int = 1024,
+    backend: str | None = None,
 ) -> np.ndarray:
     """MinHash signatures, one row per text: (n, num_perm) uint32 for "affine32", uint64 for
     "affine64"/"legacy". Row i equals `datasketch.MinHash(num_perm, seed, scheme=scheme)` updated
     with `[s.encode() for s in shingles(texts[i], k)]` (a text without shingles keeps
-    datasketch's initial all-max values). `threads` defaults to min(2, cpu_count)."""
-    import duckdb
-
+    datasketch's initial all-max values). `threads` defaults to min(2, cpu_count). `backend`
+    ("c" or "duckdb") picks where SHA-1 runs; default HASH_BACKEND."""
+    backend = backend or HASH_BACKEND
+    if backend not in ("c", "duckdb"):
+        raise ValueError(f"unknown hash backend {backend!r}")
+    if backend == "c" and _sha1batch is None:
+        raise RuntimeError("hash backend 'c' requested but ratchet.governance._sha1batch is not built")
     if scheme not in ("affine32", "affine64", "legacy"):
         raise ValueError(f"unknown MinHash scheme {scheme!r}")
     norm = [normalise(t) for t in texts]
@@ -215,10 +269,16 @@ def signatures(
     chunks = [norm[i : i + chunk_docs] for i in range(0, len(norm), chunk_docs)]
     if not chunks:
         return np.zeros((0, num_perm), dtype=np.uint32 if scheme == "affine32" else np.uint64)
-    root = duckdb.connect()
-    root.execute("set threads=1")
+    root = None
+    if backend == "duckdb":
+        import duckdb
+
+        root = duckdb.connect()
+        root.execute("set threads=1")
 
     def run(chunk):
+        if root is None:
+            return _signature_chunk(None, chunk, k, a, b, scheme)
         con = root.cursor()  # one cursor per call: DuckDB cursors are not shared across threads
         try:
             return _signature_chunk(con, chunk, k, a, b, scheme)
@@ -228,11 +288,12 @@ def signatures(
     try:
         if threads == 1 or len(chunks) == 1:
             parts = [run(c) for c in chunks]
-        else:  # DuckDB and numpy ufuncs release the GIL, so threads use both cores
+        else:  # the C hash, DuckDB and numpy ufuncs release the GIL, so threads use both cores
             with ThreadPoolExecutor(threads) as ex:
                 parts = list(ex.map(run, chunks))
     finally:
-        root.close()
+        if root is not None:
+            root.close()
     return np.vstack(parts)
 
 

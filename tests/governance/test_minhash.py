@@ -1,9 +1,12 @@
+import hashlib
 import random
+import struct
 
 import numpy as np
 import pytest
 from datasketch import MinHash
 
+from ratchet.governance import minhash
 from ratchet.governance.minhash import lsh_pairs, normalise, shingles, signatures
 
 pytestmark = pytest.mark.governance
@@ -17,11 +20,16 @@ def _docs(n, seed):
     return docs + ["", None, "   ", "one", "Two  WORDS"]
 
 
+_needs_c = pytest.mark.skipif(minhash._sha1batch is None, reason="C extension not built (pip install -e .)")
+BACKENDS = [pytest.param("c", marks=_needs_c), "duckdb"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("scheme", ["affine32", "affine64", "legacy"])
 @pytest.mark.parametrize("num_perm,seed,k", [(128, 1, 5), (64, 7, 3), (256, 42, 1)])
-def test_signatures_bit_identical_to_datasketch(scheme, num_perm, seed, k):
+def test_signatures_bit_identical_to_datasketch(scheme, num_perm, seed, k, backend):
     docs = _docs(150, seed)
-    sig = signatures(docs, num_perm=num_perm, seed=seed, k=k, scheme=scheme, chunk_docs=37, threads=2)
+    sig = signatures(docs, num_perm=num_perm, seed=seed, k=k, scheme=scheme, chunk_docs=37, threads=2, backend=backend)
     for i, d in enumerate(docs):
         m = MinHash(num_perm=num_perm, seed=seed, scheme=scheme)
         m.update_batch([s.encode("utf-8") for s in shingles(d, k)])
@@ -61,3 +69,77 @@ def test_string_view_boundaries_and_shared_template_bit_identical():
             m = MinHash(num_perm=128, seed=1)
             m.update_batch([s.encode("utf-8") for s in shingles(d, k)])
             assert np.array_equal(sig[i], m.hashvalues), (k, i, d)
+
+
+def _ref_le(msgs, nbytes):
+    fmt = "<I" if nbytes == 4 else "<Q"
+    return np.array([struct.unpack(fmt, hashlib.sha1(m).digest()[:nbytes])[0] for m in msgs],
+                    dtype=np.uint32 if nbytes == 4 else np.uint64)
+
+
+@_needs_c
+@pytest.mark.parametrize("portable", [False, True])
+def test_c_sha1_bit_identical_to_hashlib_every_length(portable):
+    """Every byte length 0..300 (one- and multi-block, all padding cases around 55/56/64), as
+    random bytes and as multi-byte UTF-8 text; 4- and 8-byte prefixes; both compress functions
+    (SHA-NI when present, and the portable one); offsets form and overlapping spans."""
+    sha1_le = minhash._sha1batch.sha1_le
+    rng = random.Random(11)
+    alphabet = "abc xyz0123_é→δ😀"
+    msgs = [rng.randbytes(n) for n in range(301)]
+    for n in range(301):  # valid UTF-8 strings, byte length n (pad the last char with ASCII)
+        t = ""
+        while len(t.encode()) + 4 <= n:
+            t += rng.choice(alphabet)
+        msgs.append((t + "a" * (n - len(t.encode()))).encode())
+    msgs += [rng.randbytes(rng.randint(0, 1000)) for _ in range(500)]
+    buf = b"".join(msgs)
+    off = np.zeros(len(msgs) + 1, dtype=np.int64)
+    off[1:] = np.cumsum([len(m) for m in msgs])
+    for nbytes, dt in ((4, np.uint32), (8, np.uint64)):
+        out = np.empty(len(msgs), dtype=dt)
+        sha1_le(buf, off[:-1], off[1:], out, portable=portable)
+        assert np.array_equal(out, _ref_le(msgs, nbytes))
+    # overlapping, unordered spans over a numpy buffer; odd count (SHA-NI hashes pairs)
+    data = np.frombuffer(" ".join(rng.choice(WORDS) for _ in range(400)).encode(), dtype=np.uint8)
+    starts = np.array([rng.randrange(len(data)) for _ in range(999)], dtype=np.int64)
+    ends = np.minimum(starts + np.array([rng.choice([0, 1, 30, 55, 56, 64, 120]) for _ in starts]), len(data))
+    out = np.empty(len(starts), dtype=np.uint32)
+    sha1_le(data, starts, ends, out, portable=portable)
+    assert np.array_equal(out, _ref_le([data[a:b].tobytes() for a, b in zip(starts, ends)], 4))
+
+
+@_needs_c
+def test_c_sha1_rejects_bad_input():
+    sha1_le = minhash._sha1batch.sha1_le
+    out = np.empty(1, dtype=np.uint32)
+    with pytest.raises(ValueError):  # span past the end of the buffer
+        sha1_le(b"abc", np.array([0], np.int64), np.array([4], np.int64), out)
+    with pytest.raises(ValueError):  # negative / reversed span
+        sha1_le(b"abc", np.array([2], np.int64), np.array([1], np.int64), out)
+    with pytest.raises(ValueError):  # length mismatch
+        sha1_le(b"abc", np.array([0, 1], np.int64), np.array([1, 2], np.int64), out)
+    with pytest.raises(TypeError):  # int32 spans
+        sha1_le(b"abc", np.array([0], np.int32), np.array([1], np.int32), out)
+    with pytest.raises(BufferError):  # read-only output
+        sha1_le(b"abc", np.array([0], np.int64), np.array([1], np.int64), b"\0\0\0\0")
+
+
+def test_fallback_without_extension_matches_datasketch(monkeypatch):
+    """No compiled extension (build failed or skipped): the default path is DuckDB, still exact."""
+    monkeypatch.setattr(minhash, "_sha1batch", None)
+    monkeypatch.setattr(minhash, "HASH_BACKEND", "duckdb")
+    docs = _docs(60, 9)
+    sig = signatures(docs, chunk_docs=16, threads=2)
+    for i, d in enumerate(docs):
+        m = MinHash(num_perm=128, seed=1)
+        m.update_batch([s.encode("utf-8") for s in shingles(d)])
+        assert np.array_equal(sig[i], m.hashvalues), (i, d)
+    with pytest.raises(RuntimeError):
+        signatures(docs, backend="c")
+
+
+def test_hash_backend_reports_the_path_in_use():
+    assert minhash.HASH_BACKEND == ("c" if minhash._sha1batch is not None else "duckdb")
+    with pytest.raises(ValueError):
+        signatures(["a b"], backend="md5")
