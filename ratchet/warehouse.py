@@ -193,7 +193,7 @@ class Warehouse:
 
     def query(self, sql: str, params: list | None = None) -> "pa.Table":
         with self.connect() as con:
-            return con.execute(sql, params or []).to_arrow_table()
+            return con.sql(sql, params=params or None).to_arrow_table()
 
     def exists(self) -> bool:
         return self.path.exists()
