@@ -5,7 +5,12 @@ Baselines, measured in the same run on the same tiny task:
 * tests: a cold `python -m pytest` (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, -p no:cacheprovider).
 Ours: `LocalRuntime.episode()` + `close()` (git worktree + lease, bwrap isolation), and
 `Episode.run_tests(ids)` on the warm per-episode worker (fork per run, inside bwrap).
-The final line is one JSON object.
+
+The machine is shared, so warm and cold test runs are interleaved (one cold run after every
+few warm ones): both see the same load, and `ratio` (cold p50 / warm p50) does not depend on
+when the load came and went. Warm-ups are excluded from the percentiles and reported on their
+own: the first run of an episode (it starts the worker), the first few warm runs and the
+first cold run (cold page cache). The final line is one JSON object.
 """
 from __future__ import annotations
 
@@ -41,7 +46,8 @@ def ms(xs):
     return round(statistics.median(xs) * 1000, 1), round(pct(xs, 0.95) * 1000, 1)
 
 
-def main(n_setup: int = 40, n_tests: int = 30, n_cold: int = 8) -> dict:
+def main(n_setup: int = 40, n_tests: int = 60, n_cold: int = 15, n_warmup: int = 3) -> dict:
+    load0 = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="ratchet-bench-"))
     try:
         src = tmp / "task"
@@ -68,25 +74,34 @@ def main(n_setup: int = 40, n_tests: int = 30, n_cold: int = 8) -> dict:
             shutil.rmtree(dst)
             base.append(time.perf_counter() - t0)
 
+        env = {"PATH": os.environ.get("PATH", ""), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+               "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(tmp)}
+
+        def cold_run() -> float:
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *IDS],
+                           cwd=src, env=env, capture_output=True)
+            return time.perf_counter() - t0
+
         with rt.episode(bundle) as ep:
             t0 = time.perf_counter()
             first = ep.run_tests(IDS)
             first_s = time.perf_counter() - t0
             assert first.infra_error is None, first.infra_error
-            runs = []
-            for _ in range(n_tests):
+            warmup = []
+            for _ in range(n_warmup):
+                warmup.append(ep.run_tests(IDS).duration_s)
+            cold_first = cold_run()
+            runs, cold = [], []
+            every = max(1, n_tests // n_cold)
+            for i in range(n_tests):
                 rep = ep.run_tests(IDS)
                 assert rep.outcomes == {IDS[0]: "failed", IDS[1]: "passed"}, rep
                 runs.append(rep.duration_s)
-
-        cold = []
-        env = {"PATH": os.environ.get("PATH", ""), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-               "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(tmp)}
-        for _ in range(n_cold):
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *IDS],
-                           cwd=src, env=env, capture_output=True)
-            cold.append(time.perf_counter() - t0)
+                if i % every == every - 1 and len(cold) < n_cold:
+                    cold.append(cold_run())
+            while len(cold) < n_cold:
+                cold.append(cold_run())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -98,15 +113,19 @@ def main(n_setup: int = 40, n_tests: int = 30, n_cold: int = 8) -> dict:
             ("baseline copytree + cold subprocess", b50, b95),
             ("test run, warm worker in bwrap", tr50, tr95),
             ("first test run (starts the worker)", round(first_s * 1000, 1), None),
-            ("cold python -m pytest", c50, c95)]
+            ("cold python -m pytest (interleaved)", c50, c95)]
     print(f"{'measure':<44}{'p50 ms':>10}{'p95 ms':>10}")
     for name, a, b in rows:
         print(f"{name:<44}{a:>10}{'' if b is None else b:>10}")
     out = {"bench": "sandbox", "cores": os.cpu_count(), "episodes": n_setup, "test_runs": n_tests,
            "setup_teardown_p50_ms": st50, "setup_teardown_p95_ms": st95,
            "baseline_setup_p50_ms": b50, "baseline_setup_p95_ms": b95,
-           "test_run_p50_ms": tr50, "test_run_p95_ms": tr95, "first_test_run_ms": round(first_s * 1000, 1),
-           "cold_pytest_p50_ms": c50, "cold_pytest_p95_ms": c95,
+           "test_run_p50_ms": tr50, "test_run_p95_ms": tr95,
+           "test_run_min_ms": round(min(runs) * 1000, 1), "first_test_run_ms": round(first_s * 1000, 1),
+           "warmup_runs_ms": [round(x * 1000, 1) for x in warmup],
+           "cold_pytest_p50_ms": c50, "cold_pytest_p95_ms": c95, "cold_runs": len(cold),
+           "cold_pytest_first_ms": round(cold_first * 1000, 1),
+           "loadavg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
            "baseline": "cold python -m pytest", "ratio": round(c50 / tr50, 2),
            "setup_ratio_vs_copytree": round(b50 / st50, 2)}
     print(json.dumps(out))

@@ -5,8 +5,9 @@ built-in plugins once, prints `{"ready": true}` and then serves one JSON request
 
     {"test_ids": ["test_solution.py::test_a"] | null, "coverage": false, "timeout": 30}
 
-For each request it forks; the child runs `pytest.main` (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1,
-`-p no:cacheprovider`, the hash seed fixed by the sandbox env) with a small plugin that records
+Each request runs in a forked child (forked ahead of time: `_Runner`); the child runs
+`pytest.main` (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, `-p no:cacheprovider`, the hash seed fixed by
+the sandbox env; all builtin plugins kept) with a small plugin that records
 per-test outcomes (passed / failed / error / skipped) and, optionally, per-test line coverage
 via sys.settrace; the child sends them back over a pipe. The worker answers one JSON line:
 
@@ -16,6 +17,14 @@ via sys.settrace; the child sends them back over a pipe. The worker answers one 
 A run that exceeds its timeout has its process group killed; after every run the worker also
 kills any other process left in the namespace (daemons a test spawned). User code is imported
 only in the forked child, so every run sees the current files.
+
+What the worker does once so that each child starts hot (the per-run cost is what is left of
+pytest itself: reading ini files and conftests, collecting, rewriting asserts, running):
+* builds the next run's `Config` (plugin manager, builtin plugins registered, options
+  declared: nothing that depends on the repo), which the child's `pytest.main` picks up;
+* caches pytest's per-session fixture scan of its own plugins (`_install_fixture_scan_cache`);
+* runs one small session (pass, fail, skip, parametrize) to warm import, regex and inspect
+  caches, then removes its module again and `gc.freeze()`s the heap.
 
 This module is also imported on the host for `PytestWorkerClient`; the worker half uses only
 the standard library and pytest.
@@ -30,6 +39,7 @@ import sys
 import time
 
 _RESULT_CAP = 64 * 1024 * 1024
+_PREPARED = None
 
 
 # ----------------------------------------------------------------------------- in the sandbox
@@ -51,6 +61,9 @@ class _Collector:
             self.outcomes[nid] = "error"
         elif report.skipped and report.when == "setup":
             self.outcomes[nid] = "skipped"
+
+    def pytest_runtest_makereport(self, item, call):
+        _note_new_modules()    # before pytest formats a failure (inspect.getmodule)
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -99,6 +112,74 @@ class _Collector:
         return _CovPlugin()
 
 
+def _pytest_args(root: str, targets: list[str]) -> list[str]:
+    return ["-q", "-p", "no:cacheprovider", "--rootdir", root, "--tb=short", "-o",
+            "console_output_style=classic"] + targets
+
+
+def _prepare_config() -> None:
+    """Build the next run's pytest Config in the worker: plugin manager, builtin plugins
+    imported and registered, options declared. None of that depends on the repo (its ini
+    files, conftests and CLI args are all read later, by `pytest_cmdline_parse`, in the child),
+    and each forked child gets its own copy-on-write instance."""
+    global _PREPARED
+    if os.environ.get("PYTEST_DEBUG"):     # its trace writer binds the worker's stderr
+        return
+    import _pytest.config as pc
+    _PREPARED = pc.get_config(["-p", "no:cacheprovider"], prog="pytest.main()")
+
+
+def _use_prepared_config() -> None:
+    """In the child: let the next `pytest.main` start from the prepared Config (once only;
+    a nested pytest.main, e.g. pytester's inline runs, builds its own as usual)."""
+    if _PREPARED is None:
+        return
+    import pathlib
+
+    import _pytest.config as pc
+    orig, cfg = pc.get_config, _PREPARED
+
+    def get_config(args=None, plugins=None, *, prog=None):
+        pc.get_config = orig
+        cfg.invocation_params = pc.Config.InvocationParams(args=args or (), plugins=plugins,
+                                                           dir=pathlib.Path.cwd())
+        if cfg.invocation_params.args:
+            cfg.pluginmanager.consider_preparse(cfg.invocation_params.args, exclude_only=True)
+        return cfg
+    pc.get_config = get_config
+
+
+_N_MODULES = 0     # len(sys.modules) when the child started
+
+
+def _note_new_modules() -> None:
+    """Enter the modules imported since the child started into inspect's file->module cache.
+
+    Formatting a failure calls inspect.getmodule(), which for a file it has not seen yet (the
+    test module: new in every child) walks all ~1100 entries of sys.modules, touching every
+    module object and so copying hundreds of the worker's pages (~250 page faults per run).
+    This does what that walk does, for the new modules only (the tail of sys.modules).
+    """
+    import inspect
+    from itertools import islice
+    n = len(sys.modules) - _N_MODULES
+    by_name, by_file = getattr(inspect, "_filesbymodname", None), getattr(inspect, "modulesbyfile", None)
+    if n <= 0 or not isinstance(by_name, dict) or not isinstance(by_file, dict):
+        return
+    try:
+        for name, mod in islice(reversed(list(islice(reversed(sys.modules.items()), n))), n):
+            if not inspect.ismodule(mod) or not hasattr(mod, "__file__"):
+                continue
+            f = mod.__file__
+            if f == by_name.get(name):
+                continue
+            by_name[name] = f
+            f = inspect.getabsfile(mod)
+            by_file[f] = by_file[os.path.realpath(f)] = mod.__name__
+    except Exception:  # noqa: BLE001 - only a cache; inspect's own walk handles odd modules
+        pass
+
+
 def _child(root: str, req: dict) -> dict:
     import pytest
 
@@ -108,8 +189,10 @@ def _child(root: str, req: dict) -> dict:
     col = _Collector(root, bool(req.get("coverage")))
     plugins = [col] + ([col._protocol_wrapper()] if col.coverage is not None else [])
     ids = req.get("test_ids")
-    args = ["-q", "-p", "no:cacheprovider", "--rootdir", root, "--tb=short", "-o",
-            "console_output_style=classic"] + (list(ids) if ids else [root])
+    args = _pytest_args(root, list(ids) if ids else [root])
+    _use_prepared_config()
+    global _N_MODULES
+    _N_MODULES = len(sys.modules)
     code = pytest.main(args, plugins=plugins)
     outcomes = dict(col.outcomes)
     for tid in ids or ():
@@ -129,88 +212,247 @@ def _kill_strays(keep: set[int]) -> None:
                 pass
 
 
-def _run_once(root: str, req: dict, out_path: str, kill_strays: bool) -> dict:
-    r, w = os.pipe()
-    t0 = time.monotonic()
-    pid = os.fork()
-    if pid == 0:  # child: never returns
-        status = 0
-        try:
-            os.close(r)
-            os.setpgid(0, 0)
-            fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            nul = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(nul, 0)
-            try:
-                res = _child(root, req)
-            except BaseException as e:  # noqa: BLE001 - report harness crashes, never hide them
-                res = {"error": f"worker child crashed: {type(e).__name__}: {e}"}
-            sys.stdout.flush()
-            sys.stderr.flush()
-            data = json.dumps(res).encode()
-            view = memoryview(data)
-            while view:
-                n = os.write(w, view)
-                view = view[n:]
-        except BaseException:  # noqa: BLE001
-            status = 1
-        finally:
-            os._exit(status)
-    os.close(w)
-    timeout = float(req.get("timeout") or 60)
-    deadline = t0 + timeout
-    chunks, size, timed_out = [], 0, False
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            timed_out = True
-            break
-        ready, _, _ = select.select([r], [], [], left)
-        if not ready:
-            continue
-        b = os.read(r, 1 << 20)
-        if not b:
-            break
-        size += len(b)
-        if size <= _RESULT_CAP:
-            chunks.append(b)
-    os.close(r)
-    if timed_out:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    _, status = os.waitpid(pid, 0)
-    if kill_strays:
-        _kill_strays({1, os.getpid()})
+def _child_main(root: str, req_r: int, res_w: int, out_path: str) -> None:
+    """A forked child: wait for the request, run it, write the result line; never returns."""
+    status = 0
     try:
-        with open(out_path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - int(req.get("max_output", 8000))))
-            output = f.read().decode("utf-8", "replace")
-    except OSError:
-        output = ""
-    resp: dict = {"timed_out": timed_out, "output": output}
-    if not timed_out:
+        data = b""
+        while True:
+            b = os.read(req_r, 1 << 16)
+            if not b:
+                break
+            data += b
+        os.close(req_r)
+        if not data:            # the worker went away or discarded this spare
+            os._exit(0)
+        req = json.loads(data)
+        os.setpgid(0, 0)
+        fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        nul = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(nul, 0)
         try:
-            resp.update(json.loads(b"".join(chunks)))
-        except ValueError:
-            resp["error"] = f"worker child died without a result (wait status {status})"
-    resp["duration_s"] = time.monotonic() - t0
-    return resp
+            res = _child(root, req)
+        except BaseException as e:  # noqa: BLE001 - report harness crashes, never hide them
+            res = {"error": f"worker child crashed: {type(e).__name__}: {e}"}
+        sys.stdout.flush()
+        sys.stderr.flush()
+        view = memoryview(json.dumps(res).encode() + b"\n")   # one line: JSON has no raw \n
+        while view:
+            n = os.write(res_w, view)
+            view = view[n:]
+    except BaseException:  # noqa: BLE001
+        status = 1
+    finally:
+        os._exit(status)
+
+
+class _Runner:
+    """Runs requests in forked children, keeping one spare child forked ahead of time.
+
+    The spare is forked right after an answer goes out (in bwrap: after the strays were
+    killed), taking fork() off the next run's critical path; it waits on a pipe for its
+    request and exits on EOF if the worker goes away. A finished child is reaped after the
+    answer, not before: its address-space teardown (2-3 ms) overlaps with the host reading
+    the answer. Strays are still killed before answering.
+    """
+
+    def __init__(self, root: str, out_path: str, kill_strays: bool):
+        self.root, self.out_path, self.kill_strays = root, out_path, kill_strays
+        self.spare: tuple[int, int, int] | None = None
+        self.exited: list[int] = []
+
+    def prefork(self) -> None:
+        self.reap(block=False)
+        if self.spare is not None:
+            return
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(req_w)
+            os.close(res_r)
+            _child_main(self.root, req_r, res_w, self.out_path)
+        os.close(req_r)
+        os.close(res_w)
+        self.spare = (pid, req_w, res_r)
+
+    def reap(self, block: bool) -> None:
+        for pid in list(self.exited):
+            try:
+                done, _ = os.waitpid(pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.exited.remove(pid)
+
+    def run(self, req: dict) -> dict:
+        t0 = time.monotonic()
+        if self.spare is not None and os.waitpid(self.spare[0], os.WNOHANG)[0]:
+            os.close(self.spare[1])         # the spare died (killed from outside): replace it
+            os.close(self.spare[2])
+            self.spare = None
+        self.prefork()
+        pid, req_w, r = self.spare
+        self.spare = None
+        try:
+            os.write(req_w, json.dumps(req).encode())
+        except OSError:
+            pass                            # the child died; reported below as no result
+        os.close(req_w)
+        timeout = float(req.get("timeout") or 60)
+        deadline = t0 + timeout
+        chunks, size, timed_out, complete = [], 0, False, False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([r], [], [], left)
+            if not ready:
+                continue
+            b = os.read(r, 1 << 20)
+            if not b:
+                break
+            size += len(b)
+            if size <= _RESULT_CAP:
+                chunks.append(b)
+            if b.endswith(b"\n") and size <= _RESULT_CAP:
+                complete = True
+                break
+        os.close(r)
+        status = None
+        if timed_out:
+            for kill in (os.killpg, os.kill):   # os.kill: in case it had not set its group yet
+                try:
+                    kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if complete:
+            self.exited.append(pid)         # exiting on its own; reaped after the answer
+        else:
+            _, status = os.waitpid(pid, 0)
+        if self.kill_strays:
+            _kill_strays({1, os.getpid()})
+        try:
+            with open(self.out_path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - int(req.get("max_output", 8000))))
+                output = f.read().decode("utf-8", "replace")
+        except OSError:
+            output = ""
+        resp: dict = {"timed_out": timed_out, "output": output}
+        if not timed_out:
+            try:
+                resp.update(json.loads(b"".join(chunks)))
+            except ValueError:
+                if status is None:
+                    _, status = os.waitpid(pid, 0)
+                    self.exited.remove(pid)
+                resp["error"] = f"worker child died without a result (wait status {status})"
+        resp["duration_s"] = time.monotonic() - t0
+        return resp
+
+
+def _install_fixture_scan_cache() -> None:
+    """Make `FixtureManager.parsefactories` cheap for pytest's own plugins.
+
+    Every session scans each registered plugin with dir() for fixtures (~40 objects, ~8 ms).
+    For pytest's builtin plugin modules the scan runs over a stand-in module holding only the
+    entries the scan acts on (fixtures and wrapped fixtures: same names, same objects, same
+    order); plugin instances of pytest's own classes (and our collector) whose class defines
+    no fixture at all are skipped. Anything else (conftests, test modules, classes, user
+    plugins) goes through pytest's scan unchanged.
+    """
+    import types
+
+    from _pytest import fixtures as fx
+    from _pytest.compat import safe_getattr
+    probe = fx.FixtureManager.__new__(fx.FixtureManager)
+    FFD = fx.FixtureFunctionDefinition
+
+    def acts_on(raw, obj) -> bool:
+        return type(obj) is FFD or probe._find_wrapped_fixture_def(raw) is not None
+
+    slim: dict[int, tuple] = {}
+    for name, mod in list(sys.modules.items()):
+        if not isinstance(mod, types.ModuleType) or not (
+                name == "pytest" or name.startswith(("_pytest.", "pytest."))):
+            continue
+        d = vars(mod)
+        if "__getattr__" in d or "__dir__" in d:
+            continue
+        m2 = types.ModuleType(mod.__name__)
+        m2.__dict__.update({n: d[n] for n in dir(mod)
+                            if n in d and acts_on(d[n], safe_getattr(mod, n, None))})
+        slim[id(mod)] = (mod, m2)
+
+    no_fixtures: dict[type, bool] = {}
+
+    def has_no_fixtures(tp: type) -> bool:
+        r = no_fixtures.get(tp)
+        if r is None:
+            r = not any(acts_on(probe._lookup_in_type_dict(tp, n), safe_getattr(tp, n, None))
+                        for n in dir(tp))
+            no_fixtures[tp] = r
+        return r
+
+    orig, NOTSET = fx.FixtureManager.parsefactories, fx.NOTSET
+
+    def parsefactories(self, node_or_obj=NOTSET, nodeid=NOTSET, *, holder=NOTSET, node=NOTSET):
+        if holder is NOTSET:
+            if nodeid is NOTSET:
+                return orig(self, node_or_obj)
+            return orig(self, node_or_obj, nodeid)
+        hit = slim.get(id(holder))
+        if hit is not None and hit[0] is holder:
+            holder = hit[1]
+        else:
+            tp = type(holder)
+            if (tp is _Collector or tp.__module__.startswith("_pytest.")) and has_no_fixtures(tp):
+                return None
+        return orig(self, holder=holder, node=node)
+    fx.FixtureManager.parsefactories = parsefactories
+
+
+_WARM_TESTS = """\
+import pytest
+
+
+def test_pass(capsys, monkeypatch):
+    print("out")
+    monkeypatch.setenv("RATCHET_WARM", "1")
+    assert [1, 2] == [1, 2]
+
+
+def test_fail():
+    x = {"a": 1}
+    assert x == {"a": 2}
+
+
+@pytest.mark.parametrize("v", [1, 2])
+def test_param(v):
+    if v == 2:
+        pytest.skip("warm")
+    with pytest.raises(ValueError):
+        int("x")
+"""
 
 
 def _warm_up() -> None:
-    """Import pytest's plugins and run one empty session, so forked runs start hot.
+    """Import pytest's plugins, prepare the next run's config and run one small session
+    (pass, fail, skip, parametrize), so forked runs start hot.
 
-    Then freeze the heap: pytest calls gc.collect() per session, which would otherwise walk
-    every pre-imported object in every child.
+    The session's test module is imported under a name no task can use and is removed again;
+    sys.path / sys.meta_path are restored. Then freeze the heap: pytest calls gc.collect()
+    per session, which would otherwise walk every pre-imported object in every child.
     """
     import gc
     import importlib
     import inspect
+    import linecache
+    import shutil
     import tempfile
 
     import pytest
@@ -220,17 +462,31 @@ def _warm_up() -> None:
             importlib.import_module(f"_pytest.{name}")
         except ImportError:
             pass
-    empty = tempfile.mkdtemp(prefix="ratchet-warm-")
+    _install_fixture_scan_cache()
+    tmp = tempfile.mkdtemp(prefix="ratchet-warm-")
+    test_file = os.path.join(tmp, f"test_ratchet_warm_{os.getpid()}.py")
+    with open(test_file, "w") as f:
+        f.write(_WARM_TESTS)
+    saved_path, saved_meta, saved_mods = list(sys.path), list(sys.meta_path), set(sys.modules)
     saved = os.dup(1)
     nul = os.open(os.devnull, os.O_WRONLY)
     os.dup2(nul, 1)
     try:
-        pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", empty, empty])
+        pytest.main(["--noconftest"] + _pytest_args(tmp, [test_file]), plugins=[_Collector(tmp, False)])
+    except Exception:  # noqa: BLE001 - warming is an optimisation; the runs themselves report
+        pass
     finally:
         os.dup2(saved, 1)
         os.close(nul)
         os.close(saved)
-        os.rmdir(empty)
+        sys.path[:], sys.meta_path[:] = saved_path, saved_meta
+        for name in set(sys.modules) - saved_mods:
+            if (getattr(sys.modules[name], "__file__", None) or "").startswith(tmp):
+                del sys.modules[name]
+        sys.path_importer_cache.pop(tmp, None)
+        linecache.cache.pop(test_file, None)
+        shutil.rmtree(tmp, ignore_errors=True)
+    _prepare_config()
     inspect.getmodule(None, _filename="/nonexistent.py")   # fills inspect's module-file cache
     gc.collect()
     gc.freeze()
@@ -241,15 +497,21 @@ def serve(root: str, kill_strays: bool) -> None:
     os.dup2(2, 1)          # stray prints must never corrupt the protocol stream
     _warm_up()
     out_path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f".ratchet-pytest-{os.getpid()}.out")
+    runner = _Runner(root, out_path, kill_strays)
+    runner.prefork()
     proto.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
     for line in sys.stdin:
         if not line.strip():
             continue
         try:
-            resp = _run_once(root, json.loads(line), out_path, kill_strays)
+            resp = runner.run(json.loads(line))
         except Exception as e:  # noqa: BLE001
             resp = {"error": f"worker failed: {type(e).__name__}: {e}"}
         proto.write(json.dumps(resp) + "\n")
+        try:
+            runner.prefork()
+        except Exception:  # noqa: BLE001 - run() forks one itself if this failed
+            pass
 
 
 # ----------------------------------------------------------------------------- on the host

@@ -51,8 +51,17 @@ def _install_budget(budget: int) -> None:
 
 def _run_in_child(solution: str, tests: str, names: list[str], examples: dict, per_test_s: float,
                   line_budget: int | None) -> dict:
+    import faulthandler
     import resource
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+    faulthandler.disable()  # a crash is reported as status "crash", not as a traceback on stderr
+    # The cap is on top of what the parent already maps: an absolute RLIMIT_AS made the stack of a
+    # deeply recursive mutant unable to grow inside a large parent (pytest with torch loaded), so
+    # the same mutant segfaulted there but raised RecursionError from the CLI, and the suite
+    # depended on who built it.
+    with open("/proc/self/statm") as fh:
+        mapped = int(fh.read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + MEMORY_LIMIT, mapped + MEMORY_LIMIT))
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)

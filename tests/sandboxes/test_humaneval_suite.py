@@ -126,3 +126,21 @@ def test_full_suite_from_disk_cache():
         rc, sol = t.metadata["root_cause"], t.files["solution.py"]
         fixed = Edit.from_dict(t.metadata["fix"]).apply(sol)
         assert any(c.apply(sol) == fixed for c in propose_edits(sol, rc["line"])), t.task_id
+
+
+def test_runaway_recursion_is_a_failure_whatever_the_parent_maps():
+    """A recursive mutant must fail its test the same way from any parent: the address-space cap
+    sits on top of what the parent maps (an absolute cap made the stack unable to grow inside a
+    large pytest process, so the same mutant crashed there and failed from the CLI)."""
+    import mmap
+
+    from sandboxes.humaneval.runner import run_program
+
+    big = mmap.mmap(-1, 3 << 30)  # 3 GiB mapped, never touched: a parent like pytest + torch
+    try:
+        run = run_program("def f(n):\n    return f(n + 1)\n",
+                          "from solution import f\n\ndef test_a():\n    assert f(0) == 1\n", ["test_a"])
+    finally:
+        big.close()
+    assert run["status"] == "ok" and run["outcomes"] == {"test_a": "failed"}
+    assert "RecursionError" in run["errors"]["test_a"]

@@ -94,6 +94,65 @@ def test_run_tests_timeout_and_hash_seed(rt):
         assert ep.run_tests(["test_solution.py::test_zero"]).outcomes == {"test_solution.py::test_zero": "passed"}
 
 
+def test_worker_runs_see_ini_and_conftest_edits_and_keep_builtin_plugins(rt):
+    """The worker pre-builds pytest's config and caches its plugin fixture scan: ini files,
+    conftests, builtin fixtures and nested pytest.main must still behave as in a cold pytest."""
+    files = dict(FILES, **{"test_more.py": textwrap.dedent("""\
+        import warnings
+
+        import pytest
+
+        def test_builtin_fixtures(tmp_path, tmpdir, capsys, monkeypatch, recwarn, caplog,
+                                  record_property, pytestconfig, request):
+            monkeypatch.setenv("X_RATCHET", "1")
+            print("hi")
+            assert capsys.readouterr().out == "hi\\n"
+            warnings.warn("w", UserWarning)
+            assert len(recwarn) == 1 and tmp_path.is_dir() and tmpdir.isdir()
+            assert pytestconfig.rootpath == request.config.rootpath
+
+        def check_renamed():
+            assert True
+
+        def test_conftest_fixture(answer):
+            assert answer == 42
+
+        def test_nested_session(tmp_path):
+            (tmp_path / "test_inner.py").write_text("def test_i():\\n    assert 1 == 2\\n")
+            assert pytest.main(["-q", "-p", "no:cacheprovider", str(tmp_path)]) == 1
+
+        @pytest.mark.skip(reason="s")
+        def test_skipped():
+            pass
+        """)})
+    with rt.episode(bundle(files=files)) as ep:
+        more = lambda rep: {k: v for k, v in rep.outcomes.items() if k.startswith("test_more")}  # noqa: E731
+        rep = ep.run_tests()
+        assert more(rep) == {"test_more.py::test_builtin_fixtures": "passed",
+                             "test_more.py::test_conftest_fixture": "error",
+                             "test_more.py::test_nested_session": "passed",
+                             "test_more.py::test_skipped": "skipped"}, rep.output
+        ep.write_file("conftest.py", "import pytest\n\n@pytest.fixture\ndef answer():\n    return 42\n")
+        ep.write_file("pytest.ini", "[pytest]\npython_functions = check_* test_*\n")
+        rep = ep.run_tests()
+        assert more(rep) == {"test_more.py::test_builtin_fixtures": "passed",
+                             "test_more.py::check_renamed": "passed",
+                             "test_more.py::test_conftest_fixture": "passed",
+                             "test_more.py::test_nested_session": "passed",
+                             "test_more.py::test_skipped": "skipped"}, rep.output
+        ep.write_file("pytest.ini", "[pytest]\naddopts = --no-such-option\n")
+        rep = ep.run_tests(["test_solution.py::test_zero"])
+        assert rep.exit_code == 4 and "no-such-option" in rep.output
+        ep.delete_file("pytest.ini")
+        ep.write_file("test_exit.py", "import os\n\ndef test_exit():\n    os._exit(3)\n")
+        rep = ep.run_tests(["test_exit.py::test_exit"])
+        assert rep.infra_error and "without a result" in rep.infra_error
+        for _ in range(3):     # the spare children keep serving
+            rep = ep.run_tests(list(bundle().fail_to_pass + bundle().pass_to_pass))
+            assert rep.outcomes == {"test_solution.py::test_add": "failed",
+                                    "test_solution.py::test_zero": "passed"}
+
+
 def test_worker_crash_is_infra_and_recovers(rt):
     with rt.episode(bundle()) as ep:
         ep.run_tests(["test_solution.py::test_zero"])
