@@ -291,12 +291,6 @@ def _ingest(paths, warehouse: Warehouse, opts: IngestOptions, progress) -> Inges
     now = datetime.now(timezone.utc)
     summary = IngestSummary(batch_id=uuid.uuid4().hex)
     files = discover(paths)
-    reports, report_files = _collect_reports(files)
-    files = [(f, r) for f, r in files if f not in report_files]
-    summary.files = len(files)
-    writer = _Writer(warehouse, summary, now)
-    max_bytes = int(opts.max_record_mb * 2**20)
-    total = sum(f.stat().st_size for f, _ in files)
     workers = opts.workers or os.cpu_count() or 1
     pool = None
     staging = warehouse.trajectory_dir / f".staging-{summary.batch_id}"
@@ -304,11 +298,24 @@ def _ingest(paths, warehouse: Warehouse, opts: IngestOptions, progress) -> Inges
         import multiprocessing as mp
 
         staging.mkdir(parents=True, exist_ok=True)
-        pool = mp.get_context("spawn").Pool(workers)  # spawn: forking a threaded Dagster/DuckDB process is unsafe
+        # spawn: forking a threaded Dagster/DuckDB process is unsafe. Started first and warmed up
+        # (imports) while this process reads reports and the ids already stored.
+        pool = mp.get_context("spawn").Pool(workers)
+        pool.map_async(_warm_up, range(workers))
+    reports, report_files = _collect_reports(files)
+    files = [(f, r) for f, r in files if f not in report_files]
+    summary.files = len(files)
+    writer = _Writer(warehouse, summary, now)
+    max_bytes = int(opts.max_record_mb * 2**20)
+    total = sum(f.stat().st_size for f, _ in files)
+    from concurrent.futures import ThreadPoolExecutor
+
+    hasher = ThreadPoolExecutor(1)  # file digests overlap the parsing (hashlib releases the GIL)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="ingest", disable=progress is not True)
     file_rows = []
     try:
         for f, root in files:
+            digest = hasher.submit(_file_sha, f)
             writer.per_file = Counter()
             side = sidecar_for(f, root)
             attribution = {k: getattr(opts, k) or side.get(k) for k in ("tenant_id", "consent_id")}
@@ -323,12 +330,13 @@ def _ingest(paths, warehouse: Warehouse, opts: IngestOptions, progress) -> Inges
                 writer.write(res)
             writer.flush()
             st = f.stat()
-            file_rows.append((f, st, writer.per_file.copy()))
+            file_rows.append((f, st, writer.per_file.copy(), digest.result()))
             bar.update(st.st_size)
             if callable(progress):
                 progress(bar.n, total)
     finally:
         bar.close()
+        hasher.shutdown(wait=True)
         if pool is not None:
             pool.terminate()
             import shutil
@@ -340,6 +348,13 @@ def _ingest(paths, warehouse: Warehouse, opts: IngestOptions, progress) -> Inges
     if not summary.consistent:  # never silently: the invariant is the product's promise
         raise RuntimeError(f"ingest invariant read == accepted + quarantined + duplicates broken: {summary.as_dict()}")
     return summary
+
+
+def _warm_up(_: int) -> None:
+    """Import what a range needs before the first range arrives."""
+    import pyarrow.parquet  # noqa: F401
+
+    from ratchet import readers  # noqa: F401
 
 
 def _split_ranges(path: Path, target: int) -> list[tuple[int, int, int]]:
@@ -401,7 +416,7 @@ def _record_batch(wh, s: IngestSummary, opts: IngestOptions, paths, started, fil
             s.batch_id, opts.origin, opts.dagster_run_id, started, datetime.now(timezone.utc), paths,
             opts.tenant_id, opts.consent_id, s.read, s.accepted, s.quarantined, s.duplicates,
             s.id_clashes, orjson.dumps(s.as_dict()).decode()])
-        for f, st, c in file_rows:
+        for f, st, c, sha in file_rows:
             con.execute("INSERT INTO ingest_files VALUES (?,?,?,?,?,?,?,?,?)", [
-                s.batch_id, str(f), st.st_size, st.st_mtime_ns, _file_sha(f), c["read"],
+                s.batch_id, str(f), st.st_size, st.st_mtime_ns, sha, c["read"],
                 c["accepted"], c["quarantined"], c["duplicates"]])
