@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import orjson
 import pyarrow as pa
@@ -277,31 +277,40 @@ def ingest(paths: list[str | os.PathLike], warehouse: Warehouse, options: Ingest
 
     Large inputs are normalised by `workers` processes (default: one per core) while this process
     writes; small ones inline (a spawned worker costs ~0.5 s to start). Ingests are serialised."""
-    warehouse.ensure_schema()
-    with warehouse.ingest_lock():
-        return _ingest(paths, warehouse, options or IngestOptions(), progress)
+    import time
+
+    t0 = time.perf_counter()
+    opts = options or IngestOptions()
+    files = discover(paths)
+    workers = opts.workers or os.cpu_count() or 1
+    pool = None
+    if workers > 1 and any(f.stat().st_size >= PARALLEL_MIN_BYTES for f, _ in files):
+        import multiprocessing as mp
+
+        # spawn: forking a threaded Dagster/DuckDB process is unsafe. Started first and warmed up
+        # (imports) while this process opens the warehouse and reads the ids already stored.
+        pool = mp.get_context("spawn").Pool(workers)
+        pool.map_async(_warm_up, range(workers))
+    try:
+        warehouse.ensure_schema()
+        with warehouse.ingest_lock():
+            return _ingest(files, paths, warehouse, opts, progress, pool, workers, t0)
+    finally:
+        if pool is not None:
+            pool.terminate()
 
 
-def _ingest(paths, warehouse: Warehouse, opts: IngestOptions, progress) -> IngestSummary:
+def _ingest(files, paths, warehouse: Warehouse, opts: IngestOptions, progress, pool, workers: int,
+            t0: float) -> IngestSummary:
     import time
 
     from tqdm import tqdm
 
-    t0 = time.perf_counter()
     now = datetime.now(timezone.utc)
     summary = IngestSummary(batch_id=uuid.uuid4().hex)
-    files = discover(paths)
-    workers = opts.workers or os.cpu_count() or 1
-    pool = None
     staging = warehouse.trajectory_dir / f".staging-{summary.batch_id}"
-    if workers > 1 and any(f.stat().st_size >= PARALLEL_MIN_BYTES for f, _ in files):
-        import multiprocessing as mp
-
+    if pool is not None:
         staging.mkdir(parents=True, exist_ok=True)
-        # spawn: forking a threaded Dagster/DuckDB process is unsafe. Started first and warmed up
-        # (imports) while this process reads reports and the ids already stored.
-        pool = mp.get_context("spawn").Pool(workers)
-        pool.map_async(_warm_up, range(workers))
     reports, report_files = _collect_reports(files)
     files = [(f, r) for f, r in files if f not in report_files]
     summary.files = len(files)
@@ -338,7 +347,6 @@ def _ingest(paths, warehouse: Warehouse, opts: IngestOptions, progress) -> Inges
         bar.close()
         hasher.shutdown(wait=True)
         if pool is not None:
-            pool.terminate()
             import shutil
 
             shutil.rmtree(staging, ignore_errors=True)
@@ -357,9 +365,10 @@ def _warm_up(_: int) -> None:
     from ratchet import readers  # noqa: F401
 
 
-def _split_ranges(path: Path, target: int) -> list[tuple[int, int, int]]:
-    """Newline-aligned (start, end, first line number) ranges of about `target` bytes."""
-    ranges, start, line = [], 0, 1
+def _split_ranges(path: Path, target: int) -> Iterator[tuple[int, int, int]]:
+    """Newline-aligned (start, end, first line number) ranges of about `target` bytes, yielded
+    as found so the first workers start before the whole file has been scanned."""
+    start, line = 0, 1
     size = path.stat().st_size
     with open(path, "rb") as fh:
         while start < size:
@@ -368,9 +377,8 @@ def _split_ranges(path: Path, target: int) -> list[tuple[int, int, int]]:
             end = min(fh.tell(), size)
             fh.seek(start)
             lines = fh.read(end - start).count(b"\n")
-            ranges.append((start, end, line))
+            yield start, end, line
             start, line = end, line + lines
-    return ranges
 
 
 def _parallel_ranges(pool, path: Path, ctx: _FileContext, staging: Path, workers: int):
