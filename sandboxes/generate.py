@@ -137,7 +137,8 @@ def run_jobs(jobs: list[Job], bundles: dict, workers: int, root=None) -> dict:
         _init_worker(bundles, root)
         return dict(map(_run_job, jobs))
     import multiprocessing as mp
-    with mp.get_context("fork").Pool(workers, _init_worker, (bundles, root)) as pool:
+    # spawn: a forked pool inherits the caller's threads' locks and signal handlers (pytest, Dagster)
+    with mp.get_context("spawn").Pool(workers, _init_worker, (bundles, root)) as pool:
         return dict(pool.imap_unordered(_run_job, jobs))
 
 

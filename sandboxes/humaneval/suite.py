@@ -87,7 +87,9 @@ def build_suite(seed: int = 0, limit: int | None = None, *, per_problem: int = 8
     n = processes or min(2, os.cpu_count() or 1)
     if n > 1 and len(jobs) > 1:
         import multiprocessing as mp
-        with mp.get_context("fork").Pool(n) as pool:
+        # spawn, not fork: a forked pool inherits the caller's threads' locks and signal handlers
+        # (Dagster's in-process executor, pytest); seen here as a pool that never terminates.
+        with mp.get_context("spawn").Pool(n) as pool:
             results = list(pool.imap(_job, jobs, chunksize=2))
     else:
         results = [_job(j) for j in jobs]
