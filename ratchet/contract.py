@@ -381,19 +381,21 @@ def _messages(msgs: Any) -> tuple[int, int]:
 def _approvals(raw: Any) -> list[dict]:
     if raw is None:
         return []
-    if not isinstance(raw, list):
+    if type(raw) is not list:
         raise RecordError("wrong_type", "approvals must be a list")
     out = []
     for i, a in enumerate(raw):
-        if not isinstance(a, dict):
+        if type(a) is not dict:
             raise RecordError("wrong_type", f"approvals[{i}] must be an object")
         step = a.get("step")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        if step is not None and type(step) is not int:
             raise RecordError("wrong_type", f"approvals[{i}].step must be an integer")
-        out.append({"step": step, "approver": _opt_str(a, "approver", f"approvals[{i}].approver"),
-                    "decision": _opt_str(a, "decision", f"approvals[{i}].decision"),
-                    "at": _iso(parse_ts(a.get("at") or a.get("time"), f"approvals[{i}].at")),
-                    "note": _opt_str(a, "note", f"approvals[{i}].note")})
+        try:  # error paths are formatted only on failure: this runs once per approval
+            row = {"step": step, "approver": _opt_str(a, "approver"), "decision": _opt_str(a, "decision"),
+                   "at": _iso(parse_ts(a.get("at") or a.get("time"), "at")), "note": _opt_str(a, "note")}
+        except RecordError as e:
+            raise RecordError(e.code, f"approvals[{i}].{e.detail}") from None
+        out.append(row)
     return out
 
 
@@ -420,6 +422,20 @@ def prompt_text(messages: list[dict]) -> str:
             parts.append(_text(m.get("content"), "") or "")
             break
     return "\n".join(parts)
+
+
+_HASHED = tuple(f.name for f in CONTENT_FIELDS if f.name != "record_id")
+_TOOLS_MEMO: list = [None, None]  # (last tools list, its JSON): a log repeats one tool schema list
+
+
+def _tools_json(tools: list) -> str | None:
+    if not tools:
+        return None
+    if tools == _TOOLS_MEMO[0]:
+        return _TOOLS_MEMO[1]
+    js = orjson.dumps(tools).decode()
+    _TOOLS_MEMO[0], _TOOLS_MEMO[1] = orjson.loads(js), js  # a copy: the caller may mutate its list
+    return js
 
 
 def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages: bool = False) -> dict:
@@ -463,7 +479,7 @@ def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages
         "tenant_id": _opt_str(rec, "tenant_id"), "consent_id": _opt_str(rec, "consent_id"),
         "task_id": task, "repo": _opt_str(rec, "repo"), "issue_id": _opt_str(rec, "issue_id"),
         "agent_id": _opt_str(rec, "agent_id"), "started_at": started, "ended_at": ended,
-        "messages": orjson.dumps(msgs).decode(), "tools": orjson.dumps(tools).decode() if tools else None,
+        "messages": orjson.dumps(msgs).decode(), "tools": _tools_json(tools),
         "approvals": orjson.dumps(_approvals(rec.get("approvals"))).decode(), "patch": patch,
         "tests_passed": _opt_bool(outcome, "tests_passed", "outcome.tests_passed"),
         "accepted": _opt_bool(outcome, "accepted", "outcome.accepted"),
@@ -483,7 +499,5 @@ def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages
 
 def content_hash(row: dict) -> str:
     """sha256 over the normalised content (every key but record_id): the same trajectory
-    re-logged gets the same id."""
-    if "record_id" in row:
-        row = {k: v for k, v in row.items() if k != "record_id"}
-    return hashlib.sha256(orjson.dumps(row, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    re-logged gets the same id. Keys are hashed in CONTENT_FIELDS order, not re-sorted."""
+    return hashlib.sha256(orjson.dumps([row.get(k) for k in _HASHED])).hexdigest()
