@@ -36,7 +36,7 @@ import time
 import uuid
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes import safefs

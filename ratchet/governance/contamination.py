@@ -77,7 +77,6 @@ def contamination_report(
     all_ids = [str(x) for x in column(items, id_col)]
     keep = [n for n, i in enumerate(all_ids) if i in split1]
     ids = [all_ids[n] for n in keep]
-    split = [split1[i] for i in ids]
 
     def add(kind, a, b, score):
         sa, sb = split1[a], split1[b]

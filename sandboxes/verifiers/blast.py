@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import copy
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)

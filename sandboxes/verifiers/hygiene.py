@@ -1,7 +1,7 @@
 """R_hygiene: no secret leaked, no forbidden file touched (hard gates), minimal AST blast radius."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from sandboxes.verifiers.blast import BlastRadius, blast_radius, blast_score
