@@ -8,17 +8,8 @@ from ratchet.contract import Message, ToolCall, Trajectory, normalise
 from sandboxes.agents import run_agent, run_noisy
 from sandboxes.env import RepairEnv
 from sandboxes.humaneval import build_suite
-from sandboxes.runtime import LocalRuntime, SandboxUnavailable
 
 pytestmark = pytest.mark.evaluation
-
-
-@pytest.fixture(scope="module")
-def runtime(tmp_path_factory):
-    try:
-        return LocalRuntime(tmp_path_factory.mktemp("rt"))
-    except SandboxUnavailable as e:
-        pytest.skip(f"sandbox unavailable: {e}")
 
 
 @pytest.fixture(scope="module")
