@@ -21,6 +21,7 @@ Unknown top-level keys are kept in `extra`, never dropped.
 from __future__ import annotations
 
 import hashlib
+from operator import itemgetter
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -414,17 +415,63 @@ def _sub(rec: dict, key: str) -> dict:
 
 def prompt_text(messages: list[dict]) -> str:
     """The task context a policy sees: the system prompt and the first user message."""
+    return prompt_text_of((m["role"], m.get("content")) for m in messages)
+
+
+def prompt_text_of(pairs) -> str:
+    """`prompt_text` over (role, content) pairs."""
     parts = []
-    for m in messages:
-        if m["role"] == "system":
-            parts.append(_text(m.get("content"), "") or "")
-        elif m["role"] == "user":
-            parts.append(_text(m.get("content"), "") or "")
+    for role, content in pairs:
+        if role == "system":
+            parts.append(_text(content, "") or "")
+        elif role == "user":
+            parts.append(_text(content, "") or "")
             break
     return "\n".join(parts)
 
 
-_HASHED = tuple(f.name for f in CONTENT_FIELDS if f.name != "record_id")
+# Stored messages are canonical, so that logs differing only in key order, whitespace or
+# explicit nulls get one record_id: known keys in this order, None-valued optional keys omitted
+# (`content` always written), unknown keys after them, sorted. Both ingest paths write them with
+# msgspec's encoder (ratchet.native declares its structs in the same order), byte for byte.
+MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content", "token_ids")
+_MESSAGE_KEYSET = frozenset(MESSAGE_KEYS)
+_CALL_KEYSET = frozenset(("id", "type", "function"))
+_FN_KEYSET = frozenset(("name", "arguments"))
+
+
+def _canonical_call(c: dict) -> dict:
+    fn = c["function"]
+    f = {"name": fn["name"], "arguments": fn.get("arguments")}
+    for k in sorted(fn.keys() - _FN_KEYSET):
+        f[k] = fn[k]
+    out = {"id": c["id"], "type": c.get("type", "function"), "function": f}
+    for k in sorted(c.keys() - _CALL_KEYSET):
+        out[k] = c[k]
+    return out
+
+
+def _canonical_message(m: dict) -> dict:
+    out = {"role": m["role"], "content": m.get("content")}
+    for k in MESSAGE_KEYS[2:]:
+        v = m.get(k)
+        if v is not None:
+            out[k] = [_canonical_call(c) for c in v] if k == "tool_calls" and type(v) is list else v
+    for k in sorted(m.keys() - _MESSAGE_KEYSET):
+        out[k] = m[k]
+    return out
+
+
+def messages_json(msgs: list[dict]) -> str:
+    """Canonical JSON text of validated messages (see MESSAGE_KEYS)."""
+    import msgspec
+
+    return msgspec.json.encode([_canonical_message(m) for m in msgs]).decode()
+
+
+_HASHED_JSON = tuple(f.name for f in CONTENT_FIELDS if (f.metadata or {}).get(b"format") == b"json")
+_HASHED_SCALAR = tuple(f.name for f in CONTENT_FIELDS if f.name != "record_id" and f.name not in _HASHED_JSON)
+_json_values, _scalar_values = itemgetter(*_HASHED_JSON), itemgetter(*_HASHED_SCALAR)
 _TOOLS_MEMO: list = [None, None]  # (last tools list, its JSON): a log repeats one tool schema list
 
 
@@ -479,7 +526,7 @@ def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages
         "tenant_id": _opt_str(rec, "tenant_id"), "consent_id": _opt_str(rec, "consent_id"),
         "task_id": task, "repo": _opt_str(rec, "repo"), "issue_id": _opt_str(rec, "issue_id"),
         "agent_id": _opt_str(rec, "agent_id"), "started_at": started, "ended_at": ended,
-        "messages": orjson.dumps(msgs).decode(), "tools": _tools_json(tools),
+        "messages": messages_json(msgs), "tools": _tools_json(tools),
         "approvals": orjson.dumps(_approvals(rec.get("approvals"))).decode(), "patch": patch,
         "tests_passed": _opt_bool(outcome, "tests_passed", "outcome.tests_passed"),
         "accepted": _opt_bool(outcome, "accepted", "outcome.accepted"),
@@ -499,5 +546,12 @@ def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages
 
 def content_hash(row: dict) -> str:
     """sha256 over the normalised content (every key but record_id): the same trajectory
-    re-logged gets the same id. Keys are hashed in CONTENT_FIELDS order, not re-sorted."""
-    return hashlib.sha256(orjson.dumps([row.get(k) for k in _HASHED])).hexdigest()
+    re-logged gets the same id. Scalars are hashed as one JSON array in CONTENT_FIELDS order;
+    the JSON-text columns follow as length-framed bytes (embedding them as JSON strings would
+    escape every quote: that alone cost ~6 us of ~11 per 5.7 KiB record)."""
+    blobs = [None if b is None else b.encode() for b in _json_values(row)]
+    h = hashlib.sha256(orjson.dumps([*_scalar_values(row), *(-1 if b is None else len(b) for b in blobs)]))
+    for b in blobs:
+        if b:
+            h.update(b)
+    return h.hexdigest()
