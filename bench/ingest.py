@@ -55,6 +55,7 @@ def main() -> None:
         src = tmp / "trajectories.jsonl"
         t0 = time.perf_counter()
         write_jsonl(src, args.n, seed=0)
+        os.sync()  # a landed file was written earlier: its write-back must not run during the timing
         size = src.stat().st_size
         print(f"generated {args.n} trajectories ({size / 2**20:.0f} MiB, {size / args.n / 1024:.1f} KiB each) "
               f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import msgspec
 import orjson
 import pyarrow as pa
 
@@ -273,11 +274,15 @@ def _opt_num(d: dict, key: str, path: str, kind=float):
     if kind is int:
         if v != int(v):
             raise RecordError("wrong_type", f"{path} must be an integer, got {v}")
+        if v > INT64_MAX:
+            raise RecordError("out_of_range", f"{path} must be < 2^63, got {v:.4g}")
         return int(v)
     return float(v)
 
 
 _ZERO = timedelta(0)
+INT64_MAX = 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 def parse_ts(v: Any, path: str) -> datetime | None:
@@ -349,33 +354,35 @@ def _messages(msgs: Any) -> tuple[int, int]:
             raise RecordError("wrong_type", f"messages[{i}] must be an object")
         get = m.get
         role = get("role")
-        if role not in ROLES:
+        if type(role) is not str or role not in ROLES:
             raise RecordError("bad_role", f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r:.40}")
         content = get("content")
         if content is not None and type(content) is not str and type(content) is not list:
             raise RecordError("wrong_type", f"messages[{i}].content must be a string, a list of parts or null")
+        for k in ("name", "tool_call_id", "reasoning_content"):
+            v = get(k)
+            if v is not None and type(v) is not str:
+                raise RecordError("wrong_type", f"messages[{i}].{k} must be a string")
+        tcs = get("tool_calls")
+        if tcs is not None and type(tcs) is not list:
+            raise RecordError("wrong_type", f"messages[{i}].tool_calls must be a list")
         if role == "assistant":
             n_turns += 1
-            tcs = get("tool_calls")
             if tcs:
                 n_calls += _check_calls(tcs, f"messages[{i}]", open_calls)
-        elif role == "tool":
-            tcid = get("tool_call_id")
-            if tcid not in open_calls:
-                raise RecordError("orphan_tool_result",
-                                  f"messages[{i}] answers tool_call_id {tcid!r:.60} with no matching earlier call")
-            open_calls.discard(tcid)
-        elif get("tool_calls"):
-            raise RecordError("wrong_type", f"messages[{i}].tool_calls is only allowed on assistant messages")
+        else:
+            if tcs:
+                raise RecordError("wrong_type", f"messages[{i}].tool_calls is only allowed on assistant messages")
+            if role == "tool":
+                tcid = get("tool_call_id")
+                if tcid not in open_calls:
+                    raise RecordError("orphan_tool_result",
+                                      f"messages[{i}] answers tool_call_id {tcid!r:.60} with no matching earlier call")
+                open_calls.discard(tcid)
         tok = get("token_ids")
         if tok is not None and (type(tok) is not list or not all(type(t) is int for t in tok)
-                                or (tok and (min(tok) < 0 or max(tok) > 2**31 - 1))):
+                                or (tok and (min(tok) < 0 or max(tok) > INT32_MAX))):
             raise RecordError("wrong_type", f"messages[{i}].token_ids must be a list of integers in [0, 2^31)")
-        if len(m) > 3:  # optional string fields (most messages carry only role/content/+1)
-            for k in ("name", "tool_call_id", "reasoning_content"):
-                v = get(k)
-                if v is not None and type(v) is not str:
-                    raise RecordError("wrong_type", f"messages[{i}].{k} must be a string")
     return n_turns, n_calls
 
 
@@ -391,6 +398,8 @@ def _approvals(raw: Any) -> list[dict]:
         step = a.get("step")
         if step is not None and type(step) is not int:
             raise RecordError("wrong_type", f"approvals[{i}].step must be an integer")
+        if step is not None and not INT32_MIN <= step <= INT32_MAX:
+            raise RecordError("out_of_range", f"approvals[{i}].step must fit in 32 bits, got {step:.4g}")
         try:  # error paths are formatted only on failure: this runs once per approval
             row = {"step": step, "approver": _opt_str(a, "approver"), "decision": _opt_str(a, "decision"),
                    "at": _iso(parse_ts(a.get("at") or a.get("time"), "at")), "note": _opt_str(a, "note")}
@@ -464,25 +473,16 @@ def _canonical_message(m: dict) -> dict:
 
 def messages_json(msgs: list[dict]) -> str:
     """Canonical JSON text of validated messages (see MESSAGE_KEYS)."""
-    import msgspec
-
     return msgspec.json.encode([_canonical_message(m) for m in msgs]).decode()
 
 
 _HASHED_JSON = tuple(f.name for f in CONTENT_FIELDS if (f.metadata or {}).get(b"format") == b"json")
 _HASHED_SCALAR = tuple(f.name for f in CONTENT_FIELDS if f.name != "record_id" and f.name not in _HASHED_JSON)
-_json_values, _scalar_values = itemgetter(*_HASHED_JSON), itemgetter(*_HASHED_SCALAR)
-_TOOLS_MEMO: list = [None, None]  # (last tools list, its JSON): a log repeats one tool schema list
-
-
+assert _HASHED_JSON[0] == "messages"
+_json_values, _json_rest, _scalar_values = itemgetter(*_HASHED_JSON), itemgetter(*_HASHED_JSON[1:]), itemgetter(*_HASHED_SCALAR)
 def _tools_json(tools: list) -> str | None:
-    if not tools:
-        return None
-    if tools == _TOOLS_MEMO[0]:
-        return _TOOLS_MEMO[1]
-    js = orjson.dumps(tools).decode()
-    _TOOLS_MEMO[0], _TOOLS_MEMO[1] = orjson.loads(js), js  # a copy: the caller may mutate its list
-    return js
+    """Tool schemas as given (key order kept: it is the parameter order a model is shown)."""
+    return orjson.dumps(tools).decode() if tools else None
 
 
 def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages: bool = False) -> dict:
@@ -490,6 +490,16 @@ def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages
     columns as JSON text). May rewrite non-canonical tool-call arguments in `rec` in place.
 
     Raises RecordError with a stable code; the caller quarantines the raw payload."""
+    try:
+        return _normalise(rec, source_format, allow_empty_messages)
+    except RecursionError:
+        raise RecordError("too_deep", "the record nests too deeply to read") from None
+    except (orjson.JSONEncodeError, msgspec.EncodeError, OverflowError) as e:  # values JSON cannot hold
+        code = "too_deep" if "ecursion" in str(e) else "out_of_range" if "64-bit" in str(e) or "range" in str(e) else "wrong_type"
+        raise RecordError(code, f"a nested value cannot be stored as JSON: {e}") from None
+
+
+def _normalise(rec: Any, source_format: str, allow_empty_messages: bool) -> dict:
     if not isinstance(rec, dict):
         raise RecordError("not_object", f"a record must be a JSON object, got {type(rec).__name__}")
     sv = rec.get("schema_version") or SCHEMA_VERSION
@@ -544,12 +554,13 @@ def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages
     return row
 
 
-def content_hash(row: dict) -> str:
+def content_hash(row: dict, messages: bytes | None = None) -> str:
     """sha256 over the normalised content (every key but record_id): the same trajectory
     re-logged gets the same id. Scalars are hashed as one JSON array in CONTENT_FIELDS order;
     the JSON-text columns follow as length-framed bytes (embedding them as JSON strings would
     escape every quote: that alone cost ~6 us of ~11 per 5.7 KiB record)."""
-    blobs = [None if b is None else b.encode() for b in _json_values(row)]
+    blobs = [None if b is None else b.encode() for b in _json_values(row)] if messages is None else \
+        [messages, *(None if b is None else b.encode() for b in _json_rest(row))]  # (the caller's UTF-8)
     h = hashlib.sha256(orjson.dumps([*_scalar_values(row), *(-1 if b is None else len(b) for b in blobs)]))
     for b in blobs:
         if b:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -106,7 +107,7 @@ def _normalise_chunk(items: list, ctx: _FileContext) -> _ChunkResult:
             else:
                 raw, p, line = it, it.payload, it.line
             if (raw is None or (raw.obj is None and raw.error is None)) and len(p) <= max_bytes \
-                    and b"\x00" not in p and b"\\u0000" not in p:
+                    and b"\x00" not in p and (b"\\u0000" not in p or not _NUL_ESCAPE.search(p)):
                 row = fast(p, attribution)
                 if row is not None:  # a well-formed native record: one typed decode, no detour
                     rows.append(row)
@@ -130,6 +131,9 @@ def _normalise_chunk(items: list, ctx: _FileContext) -> _ChunkResult:
                 continue
             except RecursionError:
                 res.bad.append((raw, "too_deep", "the record nests too deeply to read", fmt))
+                continue
+            except Exception as e:  # noqa: BLE001  (an adapter bug must not lose the batch: quarantine, say what)
+                res.bad.append((raw, "unexpected_error", f"{type(e).__name__}: {e}"[:500], fmt))
                 continue
             res.formats[fmt] += 1
             rows.append(row)
@@ -196,8 +200,12 @@ class _Writer:
             self.s.by_format[fmt] = self.s.by_format.get(fmt, 0) + n
         seen = self.seen
         ids = res.ids if res.ids is not None else res.table.column("record_id").to_pylist()
-        keep = [i not in seen and not seen.add(i) for i in ids]  # first copy wins
-        n_new = sum(keep)
+        if seen.isdisjoint(ids) and len(set(ids)) == len(ids):  # the common case, in C
+            seen.update(ids)
+            keep, n_new = None, len(ids)
+        else:
+            keep = [i not in seen and not seen.add(i) for i in ids]  # first copy wins
+            n_new = sum(keep)
         self._bump("duplicates", len(ids) - n_new)
         name = f"{self.s.batch_id}-{self.parts:05d}"
         if n_new and res.staged is not None and n_new == len(ids):
@@ -238,6 +246,10 @@ class _Writer:
             self.qrows, self.qbytes = [], 0
 
 
+# `\u0000` escapes a NUL only after an even number of backslashes: `\\u0000` is the text \u0000.
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
 def _decode(raw: Raw, max_bytes: int):
     """Decoded object, or raise RecordError with a precise reason."""
     if raw.error:
@@ -245,7 +257,7 @@ def _decode(raw: Raw, max_bytes: int):
     if len(raw.payload) > max_bytes:
         raise RecordError("record_too_large", f"{len(raw.payload) / 2**20:.1f} MiB exceeds the "
                           f"{max_bytes / 2**20:.0f} MiB limit (raise max_record_mb to accept it)")
-    if b"\x00" in raw.payload or b"\\u0000" in raw.payload:
+    if b"\x00" in raw.payload or (b"\\u0000" in raw.payload and _NUL_ESCAPE.search(raw.payload)):
         raise RecordError("nul_byte", "the record contains a NUL byte (raw or \\u0000-escaped)")
     if raw.obj is not None:
         return raw.obj

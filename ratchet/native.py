@@ -17,10 +17,11 @@ import msgspec
 
 import orjson
 
-from ratchet.contract import SCHEMA_VERSION, _tools_json, content_hash, prompt_text_of
+from ratchet.contract import SCHEMA_VERSION, _tools_json, content_hash
 
 _TOKEN = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
-_NONNEG_INT = Annotated[int, msgspec.Meta(ge=0)]
+_NONNEG_INT = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]     # int64 columns
+_STEP = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]     # approvals' int32 step
 _NONNEG_FLOAT = Annotated[float, msgspec.Meta(ge=0)]
 
 
@@ -70,7 +71,7 @@ class Environment(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Approval(msgspec.Struct, forbid_unknown_fields=True):
-    step: Optional[int] = None
+    step: Optional[_STEP] = None
     approver: Optional[str] = None
     decision: Optional[str] = None
     at: Optional[str] = None
@@ -119,6 +120,25 @@ def _ts(v: Optional[str]) -> Optional[datetime]:
     return t if t.utcoffset() == _ZERO else t.astimezone(_UTC)
 
 
+def _attributed(attribution: dict, key: str) -> Optional[str]:
+    v = attribution.get(key)
+    if v and type(v) is not str:
+        raise TypeError(f"batch {key} is not a string")  # the general path converts or refuses it
+    return v or None
+
+
+def _prompt(msgs: list) -> str:
+    """`contract.prompt_text` over structs."""
+    parts = []
+    for m in msgs:
+        if m.role == "system":
+            parts.append(m.content or "")
+        elif m.role == "user":
+            parts.append(m.content or "")
+            break
+    return "\n".join(parts)
+
+
 def _approval(a: Approval) -> dict:
     """The stored approval, as `contract._approvals` writes it."""
     at = _ts(a.at or a.time)
@@ -150,24 +170,25 @@ def _row(r: Record, attribution: dict, source_format: str) -> dict | None:
                 for c in tcs:
                     open_calls.add(c.id)
                 n_calls += len(tcs)
+        elif m.tool_calls:
+            return None
         elif role == "tool":
             if m.tool_call_id not in open_calls:
                 return None
             open_calls.discard(m.tool_call_id)
-        elif m.tool_calls:
-            return None
     started, ended = _ts(r.started_at), _ts(r.ended_at)
     if started and ended and ended < started:
         return None
     d, o, u, e = r.deliverable or _EMPTY_D, r.outcome or _EMPTY_O, r.usage or _EMPTY_U, r.environment or _EMPTY_E
     extra = r.extra
+    mjson = _ENCODER.encode(msgs)
     row = {
         "trajectory_id": tid, "schema_version": SCHEMA_VERSION, "source_format": source_format,
-        "tenant_id": r.tenant_id or attribution.get("tenant_id") or None,
-        "consent_id": r.consent_id or attribution.get("consent_id") or None, "task_id": task,
+        "tenant_id": r.tenant_id or _attributed(attribution, "tenant_id"),
+        "consent_id": r.consent_id or _attributed(attribution, "consent_id"), "task_id": task,
         "repo": r.repo or None, "issue_id": r.issue_id or None, "agent_id": r.agent_id or None,
         "started_at": started, "ended_at": ended,
-        "messages": _ENCODER.encode(msgs).decode(), "tools": _tools_json(r.tools) if r.tools else None,
+        "messages": mjson.decode(), "tools": _tools_json(r.tools),
         "approvals": orjson.dumps([_approval(a) for a in r.approvals] if r.approvals else ()).decode(),
         "patch": d.patch,
         "tests_passed": o.tests_passed, "accepted": o.accepted, "human_edited": o.human_edited,
@@ -175,9 +196,9 @@ def _row(r: Record, attribution: dict, source_format: str) -> dict | None:
         "cost_usd": None if u.cost_usd is None else float(u.cost_usd),
         "latency_s": None if u.latency_s is None else float(u.latency_s),
         "environment_id": e.id or None, "environment_digest": e.digest or None,
-        "prompt_text": prompt_text_of((m.role, m.content) for m in msgs),
+        "prompt_text": _prompt(msgs),
         "n_messages": len(msgs), "n_turns": n_turns, "n_tool_calls": n_calls,
         "extra": orjson.dumps(extra, option=orjson.OPT_SORT_KEYS).decode() if extra else None,
     }
-    row["record_id"] = content_hash(row)
+    row["record_id"] = content_hash(row, mjson)
     return row

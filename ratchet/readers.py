@@ -63,11 +63,21 @@ def sidecar_for(file: Path, root: Path) -> dict:
                 raise ValueError(f"{s}: invalid YAML: {e}") from e
             if not isinstance(data, dict):
                 raise ValueError(f"{s}: must be a mapping like 'tenant_id: acme'")
-            return {"tenant_id": data.get("tenant_id") or data.get("tenant"),
-                    "consent_id": data.get("consent_id") or data.get("consent")}
+            return {k: _text(s, k, data.get(k) or data.get(k.removesuffix("_id"))) for k in ("tenant_id", "consent_id")}
         if d == root or d.parent == d:
             return {}
         d = d.parent
+
+
+def _text(sidecar: Path, key: str, v) -> str | None:
+    """YAML reads `tenant_id: 12345` as an int and `consent_id: 2026-09-01` as a date: ids are text."""
+    import datetime
+
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float, datetime.date)):
+        raise ValueError(f"{sidecar}: {key} must be a string, got {type(v).__name__} {v!r:.40}")
+    return v.isoformat() if isinstance(v, datetime.date) else str(v)
 
 
 def read_lines(path: Path) -> Iterator[Raw]:

@@ -100,6 +100,21 @@ def test_batch_attribution_flags_and_sidecar(tmp_path, wh):
     assert got == {"atif": ("initech", "C-INITECH"), "mini_swe_agent": ("acme", "C-ACME")}
 
 
+def test_sidecar_ids_yaml_reads_as_numbers_or_dates_stay_text(tmp_path, wh):
+    from ratchet.synth import trajectory
+
+    rec = trajectory(0, __import__("random").Random(0))
+    rec["tenant_id"] = rec["consent_id"] = None
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "_batch.yaml").write_text("tenant_id: 12345\nconsent_id: 2026-09-01\n")
+    (tmp_path / "a" / "t.jsonl").write_bytes(orjson.dumps(rec) + b"\n")
+    assert ingest([tmp_path / "a"], wh).accepted == 1
+    assert [(r.tenant_id, r.consent_id) for r in _rows(wh).itertuples()] == [("12345", "2026-09-01")]
+    (tmp_path / "a" / "_batch.yaml").write_text("tenant_id: [acme]\n")
+    with pytest.raises(ValueError, match="tenant_id must be a string"):
+        ingest([tmp_path / "a"], wh)
+
+
 def test_parquet_export_reingests_as_duplicates(tmp_path, wh):
     from ratchet.synth import write_jsonl
 

@@ -1,5 +1,6 @@
 """Bad input: every record read is accepted, quarantined with a reason and its raw payload, or
 counted as a duplicate; nothing is lost and re-running changes nothing."""
+import hashlib
 import json
 
 import pytest
@@ -138,6 +139,9 @@ def test_parallel_path_matches_inline(tmp_path, home, monkeypatch):
         with w.connect() as con:
             rows = con.execute("SELECT record_id, source_line FROM trajectories ORDER BY 1").fetchall()
             q = con.execute("SELECT source_line, reason_code, raw FROM quarantine").fetchall()
+            sha = con.execute("SELECT sha256 FROM ingest_files").fetchall()
+        assert sha == [(hashlib.sha256((tmp_path / "a.jsonl").read_bytes()).hexdigest(),)]
+        assert s.fast_path == 121  # every well-formed native line, the duplicate included
         return s, rows, q
 
     s1, rows1, q1 = run("inline")
