@@ -476,10 +476,13 @@ def messages_json(msgs: list[dict]) -> str:
     return msgspec.json.encode([_canonical_message(m) for m in msgs]).decode()
 
 
-_HASHED_JSON = tuple(f.name for f in CONTENT_FIELDS if (f.metadata or {}).get(b"format") == b"json")
-_HASHED_SCALAR = tuple(f.name for f in CONTENT_FIELDS if f.name != "record_id" and f.name not in _HASHED_JSON)
-assert _HASHED_JSON[0] == "messages"
-_json_values, _json_rest, _scalar_values = itemgetter(*_HASHED_JSON), itemgetter(*_HASHED_JSON[1:]), itemgetter(*_HASHED_SCALAR)
+CONTENT_NAMES = tuple(f.name for f in CONTENT_FIELDS)  # record_id first, then the hashed values
+_JSON_NAMES = {f.name for f in CONTENT_FIELDS if (f.metadata or {}).get(b"format") == b"json"}
+_SCALAR_IDX = [i for i, n in enumerate(CONTENT_NAMES[1:]) if n not in _JSON_NAMES]
+_JSON_IDX = [i for i, n in enumerate(CONTENT_NAMES[1:]) if n in _JSON_NAMES]
+assert CONTENT_NAMES[0] == "record_id" and CONTENT_NAMES[1:][_JSON_IDX[0]] == "messages"
+_scalar_values, _json_rest = itemgetter(*_SCALAR_IDX), itemgetter(*_JSON_IDX[1:])
+_hashed_values = itemgetter(*CONTENT_NAMES[1:])
 def _tools_json(tools: list) -> str | None:
     """Tool schemas as given (key order kept: it is the parameter order a model is shown)."""
     return orjson.dumps(tools).decode() if tools else None
@@ -556,12 +559,18 @@ def _normalise(rec: Any, source_format: str, allow_empty_messages: bool) -> dict
 
 def content_hash(row: dict, messages: bytes | None = None) -> str:
     """sha256 over the normalised content (every key but record_id): the same trajectory
-    re-logged gets the same id. Scalars are hashed as one JSON array in CONTENT_FIELDS order;
-    the JSON-text columns follow as length-framed bytes (embedding them as JSON strings would
-    escape every quote: that alone cost ~6 us of ~11 per 5.7 KiB record)."""
-    blobs = [None if b is None else b.encode() for b in _json_values(row)] if messages is None else \
-        [messages, *(None if b is None else b.encode() for b in _json_rest(row))]  # (the caller's UTF-8)
-    h = hashlib.sha256(orjson.dumps([*_scalar_values(row), *(-1 if b is None else len(b) for b in blobs)]))
+    re-logged gets the same id. See `values_hash`."""
+    return values_hash(_hashed_values(row), messages)
+
+
+def values_hash(values: tuple, messages: bytes | None = None) -> str:
+    """`content_hash` of the values in CONTENT_NAMES[1:] order (`messages`: their UTF-8, when the
+    caller has it). Scalars are hashed as one JSON array in that order; the JSON-text columns
+    follow as length-framed bytes (embedding them as JSON strings would escape every quote: that
+    alone cost ~6 us of ~11 per 5.7 KiB record)."""
+    first = messages if messages is not None else values[_JSON_IDX[0]].encode()
+    blobs = [first, *(None if b is None else b.encode() for b in _json_rest(values))]
+    h = hashlib.sha256(orjson.dumps([*_scalar_values(values), *(-1 if b is None else len(b) for b in blobs)]))
     for b in blobs:
         if b:
             h.update(b)

@@ -17,7 +17,7 @@ import msgspec
 
 import orjson
 
-from ratchet.contract import SCHEMA_VERSION, _tools_json, content_hash
+from ratchet.contract import CONTENT_NAMES, SCHEMA_VERSION, _tools_json, values_hash
 
 _TOKEN = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
 _NONNEG_INT = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]     # int64 columns
@@ -149,56 +149,61 @@ def _approval(a: Approval) -> dict:
 def fast_row(payload: bytes, attribution: dict, source_format: str = "openai_chat") -> dict | None:
     """The content row of a well-formed native record, or None when the general path must judge
     it. `attribution` fills tenant_id / consent_id the record leaves empty (before hashing)."""
+    values = fast_values(payload, attribution, source_format)
+    return None if values is None else dict(zip(CONTENT_NAMES, values))
+
+
+def fast_values(payload: bytes, attribution: dict, source_format: str = "openai_chat") -> tuple | None:
+    """`fast_row` as a tuple in CONTENT_NAMES order (what ingest turns into columns)."""
     try:
-        return _row(_DECODER.decode(payload), attribution, source_format)
+        return _values(_DECODER.decode(payload), attribution, source_format)
     except Exception:  # noqa: BLE001  (any doubt at all: the general path decides and says why)
         return None
 
 
-def _row(r: Record, attribution: dict, source_format: str) -> dict | None:
+_ORDER = ("trajectory_id", "schema_version", "source_format", "tenant_id", "consent_id", "task_id", "repo",
+          "issue_id", "agent_id", "started_at", "ended_at", "messages", "tools", "approvals", "patch",
+          "tests_passed", "accepted", "human_edited", "prompt_tokens", "completion_tokens", "cost_usd",
+          "latency_s", "environment_id", "environment_digest", "prompt_text", "n_messages", "n_turns",
+          "n_tool_calls", "extra")
+assert _ORDER == CONTENT_NAMES[1:], "native._values must build its tuple in the contract's column order"
+
+
+def _values(r: Record, attribution: dict, source_format: str) -> tuple | None:
     tid, task, msgs = r.trajectory_id, r.task_id, r.messages
     if not tid.strip() or not task.strip() or not msgs:
         return None
     open_calls: set = set()
     n_turns = n_calls = 0
     for m in msgs:  # what the types cannot say: call/result pairing, tool_calls only on assistants
-        role = m.role
-        if role == "assistant":
+        tcs = m.tool_calls
+        if m.role == "assistant":
             n_turns += 1
-            tcs = m.tool_calls
             if tcs:
-                for c in tcs:
-                    open_calls.add(c.id)
+                open_calls.update([c.id for c in tcs])
                 n_calls += len(tcs)
-        elif m.tool_calls:
+        elif tcs:
             return None
-        elif role == "tool":
-            if m.tool_call_id not in open_calls:
+        elif m.role == "tool":
+            try:
+                open_calls.remove(m.tool_call_id)
+            except KeyError:
                 return None
-            open_calls.discard(m.tool_call_id)
     started, ended = _ts(r.started_at), _ts(r.ended_at)
     if started and ended and ended < started:
         return None
     d, o, u, e = r.deliverable or _EMPTY_D, r.outcome or _EMPTY_O, r.usage or _EMPTY_U, r.environment or _EMPTY_E
     extra = r.extra
     mjson = _ENCODER.encode(msgs)
-    row = {
-        "trajectory_id": tid, "schema_version": SCHEMA_VERSION, "source_format": source_format,
-        "tenant_id": r.tenant_id or _attributed(attribution, "tenant_id"),
-        "consent_id": r.consent_id or _attributed(attribution, "consent_id"), "task_id": task,
-        "repo": r.repo or None, "issue_id": r.issue_id or None, "agent_id": r.agent_id or None,
-        "started_at": started, "ended_at": ended,
-        "messages": mjson.decode(), "tools": _tools_json(r.tools),
-        "approvals": orjson.dumps([_approval(a) for a in r.approvals] if r.approvals else ()).decode(),
-        "patch": d.patch,
-        "tests_passed": o.tests_passed, "accepted": o.accepted, "human_edited": o.human_edited,
-        "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-        "cost_usd": None if u.cost_usd is None else float(u.cost_usd),
-        "latency_s": None if u.latency_s is None else float(u.latency_s),
-        "environment_id": e.id or None, "environment_digest": e.digest or None,
-        "prompt_text": _prompt(msgs),
-        "n_messages": len(msgs), "n_turns": n_turns, "n_tool_calls": n_calls,
-        "extra": orjson.dumps(extra, option=orjson.OPT_SORT_KEYS).decode() if extra else None,
-    }
-    row["record_id"] = content_hash(row, mjson)
-    return row
+    values = (
+        tid, SCHEMA_VERSION, source_format,
+        r.tenant_id or _attributed(attribution, "tenant_id"), r.consent_id or _attributed(attribution, "consent_id"),
+        task, r.repo or None, r.issue_id or None, r.agent_id or None, started, ended,
+        mjson.decode(), _tools_json(r.tools),
+        orjson.dumps([_approval(a) for a in r.approvals] if r.approvals else ()).decode(), d.patch,
+        o.tests_passed, o.accepted, o.human_edited, u.prompt_tokens, u.completion_tokens,
+        None if u.cost_usd is None else float(u.cost_usd), None if u.latency_s is None else float(u.latency_s),
+        e.id or None, e.digest or None, _prompt(msgs), len(msgs), n_turns, n_calls,
+        orjson.dumps(extra, option=orjson.OPT_SORT_KEYS).decode() if extra else None,
+    )
+    return (values_hash(values, mjson), *values)

@@ -95,9 +95,10 @@ def read_lines(path: Path) -> Iterator[Raw]:
         yield Raw(str(path), 0, 0, b"", error=("empty_file", "the file is empty: no records"))
 
 
-def range_lines(path: Path, start: int, end: int, first_line: int) -> list[tuple[bytes, int, int]]:
-    """(payload, line number, byte offset) of the non-blank lines of one newline-aligned range:
-    tuples, not `Raw`s, because most lines never need one (the ingest fast path)."""
+def range_lines(path: Path, start: int, end: int, first_line: int) -> tuple[list[tuple[bytes, int, int]], bool]:
+    """(payload, line number, byte offset) of the non-blank lines of one newline-aligned range
+    (tuples, not `Raw`s: most lines never need one), and whether the range holds no NUL byte and
+    no `\\u0000` at all (two scans of the range instead of two per line)."""
     with open(path, "rb") as fh:
         fh.seek(start)
         data = fh.read(end - start)
@@ -109,7 +110,7 @@ def range_lines(path: Path, start: int, end: int, first_line: int) -> list[tuple
         body = line.rstrip(b"\r")
         if body.strip():
             out.append((body, n, at))
-    return out
+    return out, b"\x00" not in data and b"\\u0000" not in data
 
 
 def read_document(path: Path) -> Iterator[Raw]:

@@ -129,6 +129,7 @@ def test_parallel_path_matches_inline(tmp_path, home, monkeypatch):
     body = (tmp_path / "a.jsonl").read_bytes().splitlines()
     body[37:37] = [samples.bad_lines()[0]]                  # truncated JSON as line 38
     body.append(body[5])                                     # an exact duplicate as the last line
+    body.append(samples.bad_lines()[-1])                     # a \u0000-escaped NUL as line 123
     (tmp_path / "a.jsonl").write_bytes(b"\n".join(body) + b"\n")
 
     def run(sub, **patch):
@@ -146,9 +147,9 @@ def test_parallel_path_matches_inline(tmp_path, home, monkeypatch):
 
     s1, rows1, q1 = run("inline")
     s2, rows2, q2 = run("parallel", PARALLEL_MIN_BYTES=1, RANGE_BYTES=64 << 10)
-    assert (s1.read, s1.accepted, s1.quarantined, s1.duplicates) == (122, 120, 1, 1)
-    assert (s2.read, s2.accepted, s2.quarantined, s2.duplicates) == (122, 120, 1, 1)
+    assert (s1.read, s1.accepted, s1.quarantined, s1.duplicates) == (123, 120, 2, 1)
+    assert (s2.read, s2.accepted, s2.quarantined, s2.duplicates) == (123, 120, 2, 1)
     assert rows1 == rows2
-    assert [(r[0], r[1], bytes(r[2])) for r in q1] == [(r[0], r[1], bytes(r[2])) for r in q2] == [
-        (38, "truncated_json", samples.bad_lines()[0])]
+    assert sorted((r[0], r[1], bytes(r[2])) for r in q1) == sorted((r[0], r[1], bytes(r[2])) for r in q2) == [
+        (38, "truncated_json", samples.bad_lines()[0]), (123, "nul_byte", samples.bad_lines()[-1])]
     assert not list((home.root / "parallel" / "lake" / "trajectories").glob(".staging-*"))
