@@ -22,9 +22,9 @@ import orjson
 import pyarrow as pa
 
 from ratchet import adapters
-from ratchet.native import fast_values
 from ratchet.adapters import swebench
 from ratchet.contract import CONTENT_NAMES, RecordError, normalise
+from ratchet.native import fast_values
 from ratchet.readers import Raw, discover, read_any, sidecar_for
 from ratchet.warehouse import QUARANTINE_SCHEMA, STORED_SCHEMA, Warehouse
 
@@ -110,9 +110,9 @@ def _normalise_chunk(items: list, ctx: _FileContext, nul_free: bool = False) -> 
                 raw, p, line = it, it.payload, it.line
             if (raw is None or (raw.obj is None and raw.error is None)) and len(p) <= max_bytes and (nul_free or (
                     b"\x00" not in p and (b"\\u0000" not in p or not _NUL_ESCAPE.search(p)))):
-                row = fast(p, attribution)
-                if row is not None:  # a well-formed native record: one typed decode, no detour
-                    rows.append(row)
+                values = fast(p, attribution)
+                if values is not None:  # a well-formed native record: one typed decode, no detour
+                    rows.append(values)
                     lines.append(line)
                     continue
             if raw is None:

@@ -10,7 +10,7 @@ from ratchet.governance.manifest import (ManifestError, create_manifest, load_ma
                                          manifest_rows, save_manifest, unlock, verify_manifest)
 from ratchet.governance.splits import EXCLUDED, assign_splits, holdout_ids, split_targets
 
-from .synthetic import PROBLEMS, mutant_tasks, mutate
+from .synthetic import mutant_tasks, mutate
 
 pytestmark = pytest.mark.governance
 NOW = datetime(2026, 11, 1, tzinfo=timezone.utc)
@@ -51,8 +51,7 @@ def test_resplit_with_more_data_never_moves_holdout_and_never_grows_it(tmp_path)
     more = mutant_tasks(8)[:]
     extra = [dict(t, task_id=t["task_id"] + "-late") for t in more]
     novel = []
-    for i, (name, src) in enumerate(sorted(PROBLEMS.items())[:3]):
-        code = src.replace("def ", "def new_", 1) + "\n    # unrelated\n"
+    for i in range(3):
         novel.append({"task_id": f"new-{i}", "repo": f"other/{i}", "issue_id": f"o#{i}",
                       "issue": f"completely different issue number {i} about parsing dates and time zones",
                       "solution": f"def parse_{i}(s):\n    parts = s.split('-')\n    return tuple(int(p) for p in parts)\n", "slice": "op"})

@@ -1,5 +1,4 @@
 """The ingest assets in Dagster: materialised in-process on an ephemeral instance."""
-import json
 import subprocess
 import sys
 from pathlib import Path

@@ -113,6 +113,23 @@ def test_corrupt_parquet_is_quarantined_whole(tmp_path, wh):
     assert s.quarantined == 1 and _quarantine(wh)[0][1] == "unreadable_parquet"
 
 
+def test_an_adapter_crash_quarantines_the_record_and_the_batch_goes_on(tmp_path, wh, monkeypatch):
+    from ratchet.adapters import atif
+
+    def boom(rec, source):
+        raise KeyError("steps")
+    monkeypatch.setattr(atif, "to_native", boom)
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.json").write_text(json.dumps(samples.atif_traj()))
+    from ratchet.synth import write_jsonl
+    write_jsonl(d / "b.jsonl", 3)
+    s = ingest([d], wh)
+    assert (s.read, s.accepted, s.quarantined) == (4, 3, 1)
+    assert s.quarantine_reasons == {"unexpected_error": 1}
+    assert _quarantine(wh)[0][1:3] == ("unexpected_error", "KeyError: 'steps'")
+
+
 def test_missing_path_is_a_clear_error(tmp_path, wh):
     with pytest.raises(FileNotFoundError, match="does-not-exist"):
         ingest([tmp_path / "does-not-exist"], wh)
