@@ -21,9 +21,9 @@ Unknown top-level keys are kept in `extra`, never dropped.
 from __future__ import annotations
 
 import hashlib
-from operator import itemgetter
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -424,17 +424,12 @@ def _sub(rec: dict, key: str) -> dict:
 
 def prompt_text(messages: list[dict]) -> str:
     """The task context a policy sees: the system prompt and the first user message."""
-    return prompt_text_of((m["role"], m.get("content")) for m in messages)
-
-
-def prompt_text_of(pairs) -> str:
-    """`prompt_text` over (role, content) pairs."""
     parts = []
-    for role, content in pairs:
-        if role == "system":
-            parts.append(_text(content, "") or "")
-        elif role == "user":
-            parts.append(_text(content, "") or "")
+    for m in messages:
+        if m["role"] == "system":
+            parts.append(_text(m.get("content"), "") or "")
+        elif m["role"] == "user":
+            parts.append(_text(m.get("content"), "") or "")
             break
     return "\n".join(parts)
 
@@ -483,6 +478,8 @@ _JSON_IDX = [i for i, n in enumerate(CONTENT_NAMES[1:]) if n in _JSON_NAMES]
 assert CONTENT_NAMES[0] == "record_id" and CONTENT_NAMES[1:][_JSON_IDX[0]] == "messages"
 _scalar_values, _json_rest = itemgetter(*_SCALAR_IDX), itemgetter(*_JSON_IDX[1:])
 _hashed_values = itemgetter(*CONTENT_NAMES[1:])
+
+
 def _tools_json(tools: list) -> str | None:
     """Tool schemas as given (key order kept: it is the parameter order a model is shown)."""
     return orjson.dumps(tools).decode() if tools else None
@@ -497,8 +494,8 @@ def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages
         return _normalise(rec, source_format, allow_empty_messages)
     except RecursionError:
         raise RecordError("too_deep", "the record nests too deeply to read") from None
-    except (orjson.JSONEncodeError, msgspec.EncodeError, OverflowError) as e:  # values JSON cannot hold
-        code = "too_deep" if "ecursion" in str(e) else "out_of_range" if "64-bit" in str(e) or "range" in str(e) else "wrong_type"
+    except (orjson.JSONEncodeError, msgspec.EncodeError, OverflowError) as e:  # an int beyond 64 bits, or depth
+        code = "too_deep" if "ecursion" in str(e) else "out_of_range"
         raise RecordError(code, f"a nested value cannot be stored as JSON: {e}") from None
 
 
