@@ -285,6 +285,14 @@ INT64_MAX = 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
+def utc_from_iso(v: str) -> datetime:
+    """An ISO 8601 string as an aware UTC time (3.11 reads a trailing Z as UTC; naive is UTC)."""
+    t = datetime.fromisoformat(v)
+    if t.tzinfo is None:
+        return t.replace(tzinfo=timezone.utc)
+    return t if t.utcoffset() == _ZERO else t.astimezone(timezone.utc)
+
+
 def parse_ts(v: Any, path: str) -> datetime | None:
     """ISO 8601 (a trailing Z is UTC; naive times are taken as UTC) or epoch seconds."""
     if v is None or v == "":
@@ -297,10 +305,7 @@ def parse_ts(v: Any, path: str) -> datetime | None:
         if isinstance(v, (int, float)):
             return datetime.fromtimestamp(v, tz=timezone.utc)
         if type(v) is str:
-            t = datetime.fromisoformat(v)  # 3.11 reads a trailing Z as UTC
-            if t.tzinfo is None:
-                return t.replace(tzinfo=timezone.utc)
-            return t if t.utcoffset() == _ZERO else t.astimezone(timezone.utc)
+            return utc_from_iso(v)
         raise TypeError
     except (TypeError, ValueError, OverflowError, OSError):
         raise RecordError("bad_timestamp", f"{path} is not an ISO 8601 time or epoch seconds: {v!r:.60}") from None

@@ -379,16 +379,16 @@ def _ingest(files, paths, warehouse: Warehouse, opts: IngestOptions, progress, p
             ctx = _FileContext(f, attribution, max_bytes, reports, summary.batch_id, now)
             if pool is not None and f.suffix.lower() in (".jsonl", ".ndjson") and f.stat().st_size >= PARALLEL_MIN_BYTES:
                 sha = hashlib.sha256()  # fed by the range splitter, which reads the file anyway
-                digest = _Done(sha)
+                digest = sha.hexdigest
                 results = _parallel_ranges(pool, f, ctx, staging, workers, sha)
             else:
-                digest = hasher.submit(_file_sha, f)
+                digest = hasher.submit(_file_sha, f).result
                 results = (_normalise_chunk(c, ctx) for c in _chunks(read_any(f), CHUNK_ROWS, CHUNK_BYTES))
             for res in results:
                 writer.write(res)
             writer.flush()
             st = f.stat()
-            file_rows.append((f, st, writer.per_file.copy(), digest.result()))
+            file_rows.append((f, st, writer.per_file.copy(), digest()))
             bar.update(st.st_size)
             if callable(progress):
                 progress(bar.n, total)
@@ -485,16 +485,6 @@ def _count_clashes(wh: Warehouse, batch_id: str) -> int:
     with wh.connect() as con:
         return con.execute("SELECT count(*) FROM trajectories WHERE batch_id = ? AND id_clash",
                            [batch_id]).fetchone()[0]
-
-
-class _Done:
-    """A finished 'future' for a digest computed inline."""
-
-    def __init__(self, sha):
-        self.sha = sha
-
-    def result(self) -> str:
-        return self.sha.hexdigest()
 
 
 def _file_sha(path: Path) -> str:
