@@ -462,7 +462,10 @@ def _warm_up() -> None:
             importlib.import_module(f"_pytest.{name}")
         except ImportError:
             pass
-    _install_fixture_scan_cache()
+    try:
+        _install_fixture_scan_cache()     # pytest-internal: an older pytest (a container's) lacks it
+    except Exception:  # noqa: BLE001 - an optimisation only
+        pass
     tmp = tempfile.mkdtemp(prefix="ratchet-warm-")
     test_file = os.path.join(tmp, f"test_ratchet_warm_{os.getpid()}.py")
     with open(test_file, "w") as f:
@@ -486,7 +489,11 @@ def _warm_up() -> None:
         sys.path_importer_cache.pop(tmp, None)
         linecache.cache.pop(test_file, None)
         shutil.rmtree(tmp, ignore_errors=True)
-    _prepare_config()
+    try:
+        _prepare_config()
+    except Exception:  # noqa: BLE001 - an optimisation only: each run then builds its own config
+        global _PREPARED
+        _PREPARED = None
     inspect.getmodule(None, _filename="/nonexistent.py")   # fills inspect's module-file cache
     gc.collect()
     gc.freeze()
