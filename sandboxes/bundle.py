@@ -12,23 +12,60 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 BUNDLE_VERSION = "ratchet.task/v1"
-DEFAULT_FORBIDDEN = ("tests/**", "test_*.py", "**/test_*.py", "conftest.py", ".github/**", ".ci/**")
+# Paths the agent must not touch (a hard gate): tests, their data and configuration, CI.
+# fnmatch semantics: `*` also matches `/`, so "*_test.py" covers every folder.
+DEFAULT_FORBIDDEN = (
+    "tests/**", "test/**", "*/tests/**", "*/test/**", "testing/**", "*/testing/**",
+    "test_*.py", "*/test_*.py", "*_test.py", "*conftest.py",
+    "*testdata/**", "*test_data/**", "*testcases/**", "*fixtures/**",
+    "pytest.ini", "*/pytest.ini", ".pytest.ini", "tox.ini", "noxfile.py",
+    ".github/**", ".ci/**", ".gitlab-ci.yml", ".circleci/**",
+)
+# Files that decide how tests run. Whatever the agent did to them, verification uses the task's
+# own copies (`sandboxes.verify`): not a gate (a fix may legitimately edit pyproject.toml), but
+# never in effect when the tests run.
+TEST_CONFIG = (
+    "pytest.ini", "*/pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+    "*conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "pytest_*.py",
+    "*/pytest_*.py", "noxfile.py",
+)
 DEFAULT_TOOLS = (
-    "view_issue", "list_files", "read_file", "search", "edit", "run_tests",
-    "localize", "propose_edits", "apply_edit", "submit",
+    "view_issue", "list_files", "read_file", "search", "edit", "write_file", "apply_patch",
+    "run_tests", "localize", "propose_edits", "apply_edit", "submit",
 )
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-episode resource limits (enforced by the runtime, not by the policy)."""
+    """Per-episode resource limits (enforced by the runtime, not by the policy).
+
+    `wall_s` bounds one command or one test run (the whole process group is killed: a timeout,
+    the agent's failure). `cpu_s` is RLIMIT_CPU, per process: it is a backstop and must not be
+    below `wall_s`, or a busy loop in the agent's code would die of SIGXCPU before it times out
+    (both are the agent's failure, but a timeout says what happened). `disk_mb` caps everything
+    the worktree holds; `max_patch_kb` the submitted diff; `verify_s` the final test run.
+    """
     wall_s: float = 30.0          # whole-process-group kill after this
-    cpu_s: int = 20               # RLIMIT_CPU
+    cpu_s: int = 40               # RLIMIT_CPU (per process), >= wall_s
     memory_mb: int = 1024         # RLIMIT_AS
     max_procs: int = 64           # RLIMIT_NPROC
-    max_file_mb: int = 16         # RLIMIT_FSIZE
+    max_file_mb: int = 16         # RLIMIT_FSIZE (one file)
     max_output_chars: int = 8000  # tool observations are truncated past this
     max_turns: int = 30
+    disk_mb: int = 256            # everything in the worktree together (tmpfs quota when root)
+    max_patch_kb: int = 512       # a larger diff fails the episode before any verifier runs
+    verify_s: float = 120.0       # the final pristine test run
+
+    def __post_init__(self):
+        bad = [f"{k}={getattr(self, k)}" for k in ("wall_s", "cpu_s", "memory_mb", "max_procs",
+               "max_file_mb", "max_output_chars", "max_turns", "disk_mb", "max_patch_kb",
+               "verify_s") if not getattr(self, k) or getattr(self, k) <= 0]
+        if bad:
+            raise ValueError(f"limits must be positive: {', '.join(bad)}")
+        if self.cpu_s < self.wall_s:
+            raise ValueError(f"cpu_s ({self.cpu_s}) is below wall_s ({self.wall_s}): a loop in the "
+                             "agent's code would be killed by the CPU limit instead of timing out; "
+                             "set cpu_s >= wall_s")
 
 
 @dataclass(frozen=True)
@@ -42,6 +79,9 @@ class TaskBundle:
     issue_body: str = ""
     fail_to_pass: tuple[str, ...] = ()
     pass_to_pass: tuple[str, ...] = ()
+    # A unified diff applied only for verification (SWE-bench's test_patch): the agent never
+    # sees it, the paths it touches are protected, and the required tests may live in it.
+    test_patch: str = ""
     forbidden_paths: tuple[str, ...] = DEFAULT_FORBIDDEN
     tool_allowlist: tuple[str, ...] = DEFAULT_TOOLS
     limits: Limits = Limits()

@@ -9,9 +9,16 @@
     env.steps                                 # every call: tool, arguments, observation, duration
     env.close()
 
-The allowlist, argument validation, output limits and the turn limit are enforced here, not by
-the policy. A turn is one step (one tool call). When the turn limit is hit the episode is scored
-as it stands, with an empty explanation.
+The allowlist, argument validation, output limits, the turn limit and the disk quota are
+enforced here, not by the policy. A turn is one step (one tool call). When the turn limit is
+hit the episode is scored as it stands, with an empty explanation.
+
+Scoring (`finish`) never trusts the agent's worktree: the required tests run in a fresh sandbox
+on the task's own tests and configuration plus the agent's changes to the code
+(`sandboxes.verify`). Failure attribution: a crash, timeout or broken sandbox caused by code the
+agent wrote or ran is the agent's failure (the tests fail, the episode is scored); only a fault
+of the harness itself, confirmed by the runtime's health probe, is `infra_failure` (unscored),
+and only such a fault voids the episode.
 """
 from __future__ import annotations
 
@@ -82,6 +89,7 @@ class RepairEnv:
         self.explanation: str | None = None
         self.patch: str = ""
         self.sandbox_s = 0.0
+        self.verification = None
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self) -> list[dict]:
@@ -91,6 +99,7 @@ class RepairEnv:
         self.steps, self.reward, self.done = [], None, False
         self.last_outcomes = self.final_outcomes = self.explanation = None
         self.infra_errors, self.patch, self.sandbox_s = [], "", 0.0
+        self.verification = None
         self.runtime = self.runtime or default_runtime()
         self.tracker = self.tracker or IssueTracker.shared()
         self.tracker_ns = self.tracker.register(self.bundle)
@@ -144,6 +153,11 @@ class RepairEnv:
         if tool != "submit":
             self.sandbox_s += dt
         self.steps.append(Step(len(self.steps), tool, arguments if arguments is not None else {}, obs, dt, err))
+        over = None if self.done else self._over_quota()
+        if over:
+            self.finish("", failure=over)
+            self.steps[-1].observation = obs + f"\n({over}: the episode ended and was scored 0)"
+            return self.steps[-1].observation
         if not self.done and self.turns >= self.max_turns:
             self.finish("")
             obs += f"\n(turn limit {self.max_turns} reached: the episode ended and was scored)"
@@ -180,26 +194,82 @@ class RepairEnv:
             return f"error: internal tool failure ({type(e).__name__})", True
 
     # ------------------------------------------------------------------ scoring
-    def finish(self, explanation: str):
-        """Run the required tests on the final tree, take the diff and compose the reward."""
+    def _over_quota(self) -> str | None:
+        quota = self.bundle.limits.disk_mb * 1024 * 1024
+        try:
+            used = self.episode.disk_usage()
+        except OSError:
+            return None
+        if used > quota:
+            return (f"disk quota exceeded: the worktree holds {used / 2**20:.1f} MiB, over "
+                    f"limits.disk_mb={self.bundle.limits.disk_mb}")
+        return None
+
+    def finish(self, explanation: str, failure: str | None = None):
+        """Verify the submission on pristine tests and compose the reward (see module doc)."""
         from sandboxes.verifiers import compose_reward
 
         b = self.bundle
         self.explanation = explanation
         t0 = time.monotonic()
-        rep = self.episode.run_tests(list(b.fail_to_pass) + list(b.pass_to_pass))
-        infra = rep.infra_error or (self.infra_errors[0] if self.infra_errors else None)
-        self.final_outcomes = None if rep.infra_error else dict(rep.outcomes)
-        try:
-            self.patch = self.episode.diff()
-        except Exception as e:  # noqa: BLE001 - a broken worktree is the harness's failure
-            infra, self.patch = infra or f"diff failed: {e}", ""
+        infra = self.infra_errors[0] if self.infra_errors else None
+        before = after = None
+        notes: tuple[str, ...] = ()
+        self.final_outcomes = None
+        failure = failure or self._over_quota()
+        if failure is None and infra is None:
+            try:
+                self.patch = self.episode.diff()
+            except Exception as e:  # noqa: BLE001 - a broken worktree is the harness's failure
+                infra, self.patch = f"diff failed: {e}", ""
+            if infra is None and len(self.patch.encode()) > b.limits.max_patch_kb * 1024:
+                failure = (f"patch too large: {len(self.patch.encode()) // 1024} KiB, over "
+                           f"limits.max_patch_kb={b.limits.max_patch_kb}")
+        if failure is None and infra is None:
+            from sandboxes.verify import verify
+            ver = verify(self.runtime, b, self.episode, timeout=b.limits.verify_s)
+            self.verification = ver
+            infra = ver.infra_error
+            self.final_outcomes = ver.outcomes
+            notes = tuple(f"not in effect for verification: {p} ({why})" for p, why in ver.dropped)
+            if ver.agent_fault:
+                notes += (f"the verification run crashed on the submitted code: {ver.agent_fault[:300]}",)
+            if infra is None:
+                before, after = self._touched_files()
         self.sandbox_s += time.monotonic() - t0
         self.reward = compose_reward(b, outcomes=self.final_outcomes, diff=self.patch,
                                      explanation=explanation, infra_error=infra, judge=self.judge,
-                                     weights=self.weights)
+                                     weights=self.weights, before=before, after=after,
+                                     failure=failure, notes=notes)
         self.done = True
         return self.reward
+
+    def _touched_files(self) -> tuple[dict, dict]:
+        """Touched (and reference-fix) files at the pinned commit and as submitted, as text."""
+        from sandboxes.verifiers.diffs import DiffError, touched_paths
+        from sandboxes.verifiers.hygiene import reference_diff
+
+        ep = self.episode
+        changed = set(ep.changed_paths())
+        ref = reference_diff(self.bundle)
+        try:
+            ref_paths = set(touched_paths(ref)) if ref else set()
+        except DiffError:
+            ref_paths = set()
+        before, after = {}, {}
+        for p in sorted(changed | ref_paths):
+            old = ep.pristine_bytes(p)
+            if old is not None:
+                before[p] = old.decode("utf-8", "replace")
+            if p not in changed:
+                if old is not None:
+                    after[p] = before[p]
+                continue
+            try:
+                after[p] = ep.read_bytes(p).decode("utf-8", "replace")
+            except (OSError, ValueError):
+                pass                              # deleted, or a link out of the tree
+        return before, after
 
     @property
     def tests_passed(self) -> bool | None:

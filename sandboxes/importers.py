@@ -5,10 +5,13 @@
   build context (minus Dockerfile / compose files) plus `tests/`; `solution/` is never copied
   (it is the answer). Limits come from task.toml; test ids are the `test_*` functions in
   `tests/test_*.py`. The verifier command and Docker hints go to `metadata`.
-* `from_swebench(instance, repo_path)`: a SWE-bench-style instance (repo, base_commit, patch,
-  test_patch, FAIL_TO_PASS, PASS_TO_PASS, problem_statement; list fields may be JSON strings)
-  against a LOCAL clone. The bundle pins `base_commit`; the gold patch and the test patch are
-  kept in `metadata` for verifiers (the policy never sees metadata).
+* `from_swebench(instance, repo_path, *, limits=, forbidden_paths=, tool_allowlist=, ...)`: a
+  SWE-bench-style instance (repo, base_commit, patch, test_patch, FAIL_TO_PASS, PASS_TO_PASS,
+  problem_statement; list fields may be JSON strings) against a LOCAL clone. The bundle pins
+  `base_commit`; `test_patch` becomes `bundle.test_patch`, applied only by the verification (as
+  the SWE-bench harness does: the agent works without the new tests, which are where the
+  FAIL_TO_PASS ids live); the gold patch stays in `metadata` (the reference fix for the blast
+  radius; the policy never sees metadata).
 
 Both raise `ImportError_` (a ValueError) with a reason for malformed input, so callers can
 quarantine the record instead of dropping it.
@@ -99,9 +102,10 @@ def from_harbor(task_dir: str | Path) -> TaskBundle:
     instruction = (d / "instruction.md").read_text()
     env, agent, verifier, meta = (cfg.get(k, {}) for k in ("environment", "agent", "verifier", "metadata"))
     base = Limits()
+    wall = float(agent.get("timeout_sec", base.wall_s))
     limits = Limits(
-        wall_s=float(agent.get("timeout_sec", base.wall_s)),
-        cpu_s=int(agent.get("timeout_sec", base.cpu_s)),
+        wall_s=wall,
+        cpu_s=max(int(agent.get("timeout_sec", base.cpu_s)), int(wall + 0.999)),
         memory_mb=_size_to_mb(env.get("memory")) or _size_to_mb(env.get("memory_mb")) or base.memory_mb,
     )
     title = next((ln.lstrip("# ").strip() for ln in instruction.splitlines() if ln.strip()), d.name)
@@ -129,7 +133,11 @@ def _id_list(v, field: str) -> tuple[str, ...]:
     return tuple(v)
 
 
-def from_swebench(instance: dict, repo_path: str | Path) -> TaskBundle:
+def from_swebench(instance: dict, repo_path: str | Path, *, limits: Limits | dict | None = None,
+                  forbidden_paths=None, tool_allowlist=None, environment_id: str | None = None,
+                  metadata: dict | None = None) -> TaskBundle:
+    """A bundle from a SWE-bench instance; keyword arguments override the defaults (limits as a
+    `Limits` or a dict of its fields, forbidden globs, the tool allowlist, the environment id)."""
     missing = [k for k in ("repo", "base_commit", "problem_statement", "FAIL_TO_PASS") if not instance.get(k)]
     if missing:
         raise ImportError_(f"SWE-bench instance missing {missing}")
@@ -140,15 +148,37 @@ def from_swebench(instance: dict, repo_path: str | Path) -> TaskBundle:
         raise ImportError_(f"base_commit {instance['base_commit']} not found in {repo_path}")
     f2p = _id_list(instance["FAIL_TO_PASS"], "FAIL_TO_PASS")
     p2p = _id_list(instance.get("PASS_TO_PASS", []), "PASS_TO_PASS")
+    test_patch = instance.get("test_patch") or ""
+    if test_patch:
+        from sandboxes.verifiers.diffs import DiffError, touched_paths
+        try:
+            touched_paths(test_patch)
+        except DiffError as e:
+            raise ImportError_(f"test_patch is not a unified diff: {e}") from e
+    if isinstance(limits, dict):
+        try:
+            limits = Limits(**limits)
+        except (TypeError, ValueError) as e:
+            raise ImportError_(f"bad limits: {e}") from e
+    extra = {}
+    if forbidden_paths is not None:
+        extra["forbidden_paths"] = tuple(forbidden_paths)
+    if tool_allowlist is not None:
+        from sandboxes.tools import TOOL_NAMES
+        unknown = sorted(set(tool_allowlist) - set(TOOL_NAMES))
+        if unknown:
+            raise ImportError_(f"unknown tools in tool_allowlist: {unknown}; known: {list(TOOL_NAMES)}")
+        extra["tool_allowlist"] = tuple(tool_allowlist)
     statement = instance["problem_statement"]
     iid = instance.get("instance_id") or f"{instance['repo'].replace('/', '__')}-{instance['base_commit'][:8]}"
     return TaskBundle(
         task_id=iid, repo_path=str(repo_path), commit=r.stdout.strip(),
         issue_title=statement.strip().splitlines()[0][:200], issue_body=statement,
-        fail_to_pass=f2p, pass_to_pass=p2p,
-        environment_id=f"env://swebench/{instance['repo']}@{instance.get('version', 'unknown')}",
+        fail_to_pass=f2p, pass_to_pass=p2p, test_patch=test_patch, limits=limits or Limits(),
+        environment_id=environment_id or
+        f"env://swebench/{instance['repo']}@{instance.get('version', 'unknown')}",
         repo=instance["repo"], issue_id=iid,
         metadata={"source": "swebench", "gold_patch": instance.get("patch", ""),
-                  "test_patch": instance.get("test_patch", ""),
                   "hints_text": instance.get("hints_text", ""),
-                  "image": instance.get("image_name") or instance.get("docker_image")})
+                  "image": instance.get("image_name") or instance.get("docker_image"),
+                  **(metadata or {})}, **extra)

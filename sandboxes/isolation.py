@@ -2,14 +2,17 @@
 
 `Bwrap(spec)` runs commands in a fresh bwrap namespace per call:
 
-* the host filesystem is bound read-only on a tmpfs root; HOME, /root, /home, /tmp, /var/tmp,
-  /run, /mnt, /media, the project checkout, RATCHET_HOME and the sandbox cache are hidden
-  (never bound, or covered with an empty tmpfs); only the Python interpreter, the episode's
-  git metadata (read-only) and the worktree (read-write, at `/repo`) are bound back;
+* the sandbox sees a minimal view of the host, built on an empty tmpfs root: the system
+  directories programs load from (`/usr/bin`, `/usr/lib*`, `/usr/libexec`, the `/bin`-style
+  links), a handful of `/etc` files the loader and libc read, synthetic `/etc/passwd`, `group`
+  and `hosts`, the Python interpreter (its venv and base installation), the episode's git
+  metadata and the harness's helper scripts (all read-only), and the worktree (read-write, at
+  `/repo`). Nothing else of the host exists inside: no other checkouts, no `/opt`, `/srv`,
+  `/var`, `/work`, `/usr/local` (unless the interpreter lives there), `/usr/share`, `/sys`;
+  HOME and /tmp are empty private tmpfs mounts;
 * `--unshare-all` (net, pid, ipc, uts, cgroup), `--die-with-parent`, `--new-session`, every
   capability dropped except the two that `setpriv` needs to drop to an unprivileged uid;
-* the command runs as a per-episode unprivileged uid (root ignores RLIMIT_NPROC, and an
-  unprivileged uid cannot read root-only files such as /etc/shadow);
+* the command runs as a per-episode unprivileged uid (root ignores RLIMIT_NPROC);
 * rlimits (CPU, address space, processes, file size, no core dumps) set before exec;
 * a wall-clock timeout kills the whole process group; killing bwrap kills the pid namespace.
 
@@ -18,6 +21,8 @@ It exists for machines without bubblewrap and must be chosen explicitly (it warn
 
 Infra failures (bwrap could not set up the namespace) are reported in
 `ExecResult.infra_error`; a command that exits non-zero is a policy failure, not an infra one.
+Whether an infra-looking failure was really the harness's is decided outside the sandbox
+(`sandboxes.attribution`).
 """
 from __future__ import annotations
 
@@ -35,8 +40,12 @@ SANDBOX_WORKDIR = "/repo"          # where the worktree appears inside the names
 SANDBOX_HOME = "/home/sandbox"
 SANDBOX_TOOLS = "/.ratchet"        # read-only helper scripts (the pytest worker)
 SANDBOX_GID = 65534                # nogroup
-HIDDEN_TOPLEVEL = ("root", "home", "tmp", "run", "mnt", "media", "lost+found", "proc", "dev",
-                   "sys", "boot")
+# What of the host a sandbox sees (read-only); everything else does not exist inside.
+SYSTEM_DIRS = ("/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32",
+               "/usr/libexec", "/usr/share/zoneinfo")
+TOPLEVEL_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime",
+             "nsswitch.conf", "mime.types")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -92,7 +101,7 @@ def clean_env(home: str, extra: dict | None = None) -> dict[str, str]:
 
 
 def hidden_paths(extra: tuple[str, ...] = ()) -> list[str]:
-    """Host paths that never appear inside the namespace (besides HIDDEN_TOPLEVEL)."""
+    """Host paths covered with an empty tmpfs if they lie under something bound read-only."""
     project = Path(__file__).resolve().parents[1]
     out = {str(project), os.path.expanduser("~"), "/var/tmp"}
     if os.environ.get("RATCHET_HOME"):
@@ -276,29 +285,31 @@ class Bwrap(_Runner):
 
     def _build_prefix(self) -> list[str]:
         s = self.spec
-        a = ["bwrap", "--tmpfs", "/"]
-        # 1. the host's top level, read-only, minus the directories that hold people's data
-        for name in sorted(os.listdir("/")):
-            p = f"/{name}"
-            if name in HIDDEN_TOPLEVEL:
-                continue
+        size = str(s.tmpfs_mb * 1024 * 1024)
+        a = ["bwrap", "--tmpfs", "/", "--dev", "/dev", "--proc", "/proc",
+             "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+             "--perms", "0755", "--dir", "/home",
+             "--perms", "1777", "--size", size, "--tmpfs", SANDBOX_HOME]
+        binds = [p for p in SYSTEM_DIRS if os.path.isdir(p) and not os.path.islink(p)]
+        binds += [p for p in _python_roots() if p not in binds]
+        for p in TOPLEVEL_LINKS:                       # merged /usr: /bin -> usr/bin etc.
             if os.path.islink(p):
                 a += ["--symlink", os.readlink(p), p]
-            elif os.path.isdir(p) or os.path.isfile(p):
-                a += ["--ro-bind", p, p]
-        size = str(s.tmpfs_mb * 1024 * 1024)
-        a += ["--ro-bind", "/sys", "/sys", "--dev", "/dev", "--proc", "/proc",
-              "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
-              "--perms", "0755", "--tmpfs", "/home",
-              "--perms", "1777", "--size", size, "--tmpfs", SANDBOX_HOME,
-              "--perms", "0755", "--tmpfs", "/root", "--perms", "0755", "--tmpfs", "/run"]
-        # 2. hide project / RATCHET_HOME / HOME etc. that live under a bound directory
-        for p in hidden_paths(s.hide):
-            if p.split("/")[1] not in HIDDEN_TOPLEVEL:
-                a += ["--perms", "0755", "--tmpfs", p]
-        # 3. re-expose what commands need, read-only (parents made traversable: bwrap makes 0700)
-        for p in sorted(set(s.ro_binds) | set(_python_roots())):
+            elif os.path.isdir(p):
+                binds.append(p)
+        ro = sorted(set(binds) | set(s.ro_binds))
+        for p in ro:
             a += _mkparents(p) + ["--ro-bind", p, p]
+        a += ["--perms", "0755", "--dir", "/etc"]
+        for name in ETC_FILES:
+            if os.path.exists(f"/etc/{name}"):
+                a += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+        for name, path in _synthetic_etc().items():
+            a += ["--ro-bind", path, f"/etc/{name}"]
+        # hide project / RATCHET_HOME / HOME where they lie under something bound above
+        for p in hidden_paths(s.hide):
+            if any(p.startswith(r + "/") for r in ro) and p not in ro:
+                a += ["--perms", "0755", "--tmpfs", p]
         a += ["--perms", "0755", "--dir", SANDBOX_TOOLS]
         for name, src in s.tool_files.items():
             a += ["--ro-bind", src, f"{SANDBOX_TOOLS}/{name}"]
@@ -328,9 +339,42 @@ def _mkparents(path: str) -> list[str]:
 
 
 def _python_roots() -> list[str]:
-    """The interpreter the sandbox uses: the venv and the base installation it links to."""
-    roots = {str(Path(sys.prefix).resolve()), str(Path(sys.base_prefix).resolve())}
-    return sorted(r for r in roots if r != "/" and not r.startswith("/usr"))
+    """The interpreter the sandbox uses: the venv and the base installation it links to.
+
+    A base installation in /usr is covered by SYSTEM_DIRS; one in /usr/local (the python
+    Docker images) binds only its bin and lib folders, not the rest of /usr/local."""
+    out = set()
+    for r in {str(Path(sys.prefix).resolve()), str(Path(sys.base_prefix).resolve())}:
+        if r in ("/", "/usr"):
+            continue
+        if r == "/usr/local":
+            out.update(p for p in ("/usr/local/bin", "/usr/local/lib") if os.path.isdir(p))
+        else:
+            out.add(r)
+    return sorted(out)
+
+
+_ETC: dict[str, str] = {}
+
+
+def _synthetic_etc() -> dict[str, str]:
+    """passwd / group / hosts written by the harness (the host's name no users or hosts)."""
+    if not _ETC or not all(os.path.exists(p) for p in _ETC.values()):
+        import tempfile
+        d = tempfile.mkdtemp(prefix="ratchet-etc-")
+        os.chmod(d, 0o755)
+        files = {"passwd": "root:x:0:0:root:/root:/bin/sh\n"
+                           f"sandbox:x:{os.getuid() or 65000}:{SANDBOX_GID}:sandbox:{SANDBOX_HOME}:/bin/sh\n"
+                           "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+                 "group": f"root:x:0:\nnogroup:x:{SANDBOX_GID}:\n",
+                 "hosts": "127.0.0.1 localhost\n::1 localhost\n"}
+        for name, text in files.items():
+            p = os.path.join(d, name)
+            with open(p, "w") as f:
+                f.write(text)
+            os.chmod(p, 0o644)
+            _ETC[name] = p
+    return dict(_ETC)
 
 
 class NoIsolation(_Runner):

@@ -112,6 +112,28 @@ class _Collector:
         return _CovPlugin()
 
 
+def match_outcome(test_id: str, outcomes: dict[str, str], root: str = "") -> str:
+    """The outcome of a requested id that names several collected items.
+
+    `test_file.py::test_fn` asks for every `test_file.py::test_fn[...]` item of a parametrised
+    test (and a class or file id for every item under it): passed when every item that ran
+    passed (skips aside), failed / error when any did, skipped when all were skipped, error
+    when nothing matched (not found, not collected). `./` and `<root>/` prefixes are ignored.
+    """
+    tid = test_id[2:] if test_id.startswith("./") else test_id
+    if root and tid.startswith(root.rstrip("/") + "/"):
+        tid = tid[len(root.rstrip("/")) + 1:]
+    if tid in outcomes:
+        return outcomes[tid]
+    items = [o for nid, o in outcomes.items() if nid.startswith((tid + "[", tid + "::"))]
+    if not items:
+        return "error"
+    for worst in ("error", "failed"):
+        if worst in items:
+            return worst
+    return "skipped" if all(o == "skipped" for o in items) else "passed"
+
+
 def _pytest_args(root: str, targets: list[str]) -> list[str]:
     return ["-q", "-p", "no:cacheprovider", "--rootdir", root, "--tb=short", "-o",
             "console_output_style=classic"] + targets
@@ -196,7 +218,8 @@ def _child(root: str, req: dict) -> dict:
     code = pytest.main(args, plugins=plugins)
     outcomes = dict(col.outcomes)
     for tid in ids or ():
-        outcomes.setdefault(tid, "error")     # asked for but never ran: not found / not collected
+        if tid not in outcomes:      # a function-, class- or file-level id: its parametrised items
+            outcomes[tid] = match_outcome(tid, col.outcomes, root)
     cov = None
     if col.coverage is not None:
         cov = {t: {f: sorted(ls) for f, ls in m.items()} for t, m in col.coverage.items()}
@@ -541,8 +564,12 @@ class PytestWorkerClient:
         cmd = [sys.executable, self.runner.tool_path("pytest_worker.py"), "--root", self.root]
         if self.runner.name == "bwrap":
             cmd.append("--kill-strays")
-        self.proc = self.runner.popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=self._err)
+        try:
+            self.proc = self.runner.popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=self._err)
+        except OSError as e:
+            self.close()
+            return f"pytest worker failed to start: spawn failed: {e}"
         self._buf = b""
         first = self._readline(self.start_timeout)
         if first is None or not first.get("ready"):

@@ -101,6 +101,10 @@ def reap(root: str | Path) -> list[str]:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        from sandboxes.quota import is_mount, unmount
+        for m in info.get("mounts", []) + [str(ep / "repo")]:
+            if is_mount(m):
+                unmount(m)              # the episode's quota tmpfs
         if info.get("admin"):
             shutil.rmtree(info["admin"], ignore_errors=True)
         shutil.rmtree(ep, ignore_errors=True)

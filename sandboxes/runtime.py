@@ -20,6 +20,19 @@ Inside the sandbox the worktree is `/repo` (the cwd), HOME is an empty tmpfs, /t
 tmpfs, there is no network, the process runs as an unprivileged per-episode uid with rlimits
 from `bundle.limits`. What is hidden is listed in `sandboxes.isolation`.
 
+Disk quota: when the harness runs as root, each worktree is its own tmpfs of `limits.disk_mb`
+(writes past it fail with ENOSPC inside the sandbox: the agent's failure, visible); otherwise
+`disk_usage()` is measured after every step and the environment ends an episode over quota.
+
+Failure attribution (decided here, on the host, never from anything the sandbox reports):
+* a test run whose worker dies, hangs, answers garbage or reports an error *while the agent's
+  code runs in it* is the agent's failure (`TestReport.agent_fault`, the requested tests count
+  as errors) -- unless the runtime's health probe (a fresh sandbox, harness-owned files only,
+  the same worker code) fails too, which shows a fault of the harness: then `infra_error`;
+* a sandbox or worker that does not come up (before any agent code runs) is retried once after
+  killing everything left under the episode's uid (the only way an agent can stand in the way
+  of a start is a full process table); a second failure is `infra_error`.
+
 `isolation="none"` runs commands directly on the host (rlimits + clean env + timeout only) and
 warns loudly; it exists for machines without bubblewrap and must be asked for explicitly.
 
@@ -39,7 +52,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandboxes import safefs
+from sandboxes import quota, safefs
 from sandboxes.isolation import (SANDBOX_GID, SANDBOX_WORKDIR, ExecResult, SandboxSpec,
                                  SandboxUnavailable, bwrap_selftest, make_runner)
 from sandboxes.reaper import Lease, kill_uid, reap
@@ -53,17 +66,23 @@ log = logging.getLogger(__name__)
 _UID_BASE, _UID_SPAN = 200_000, 800_000
 _WORKER = str(Path(__file__).with_name("pytest_worker.py"))
 _OPEN: "weakref.WeakSet[Episode]" = weakref.WeakSet()
+_PROBE_FILES = {"test_ratchet_probe.py": "def test_ok():\n    assert 1 + 1 == 2\n"}
+_PROBE_TEST = "test_ratchet_probe.py::test_ok"
+_NOT_STARTED = "pytest worker failed to start"
 
 
 @dataclass
 class TestReport:
+    __test__ = False                                          # not a pytest class
     outcomes: dict[str, str]                                  # test id -> passed/failed/error/skipped
     coverage: dict[str, dict[str, set[int]]] | None = None    # test id -> file -> executed lines
     duration_s: float = 0.0
-    infra_error: str | None = None
+    infra_error: str | None = None                            # the harness failed (not scored)
     timed_out: bool = False
     exit_code: int | None = None
     output: str = ""                                          # tail of pytest's console output
+    agent_fault: str | None = None                            # the run crashed because of the
+                                                              # episode's own code (scored)
 
     def all_passed(self, test_ids) -> bool:
         return self.infra_error is None and all(self.outcomes.get(t) == "passed" for t in test_ids)
@@ -112,8 +131,28 @@ class LocalRuntime:
         """Clean up episodes whose owning process is gone."""
         return reap(self.root)
 
+    name = "local"
+
     def episode(self, bundle, *, episode_id: str | None = None) -> "Episode":
         return Episode(self, bundle, episode_id or uuid.uuid4().hex[:16])
+
+    def health_probe(self) -> str | None:
+        """None when a fresh sandbox with harness-owned files runs a command and a test, else
+        the reason. Decides, outside any agent's reach, whether a failure was the harness's."""
+        from sandboxes.bundle import TaskBundle
+        b = TaskBundle(task_id="ratchet-health-probe", files=_PROBE_FILES,
+                       fail_to_pass=(_PROBE_TEST,))
+        try:
+            with self.episode(b) as ep:
+                r = ep._runner.run(["python", "-c", "print('ok')"], timeout=30)
+                if r.infra_error or r.stdout.strip() != "ok":
+                    return f"probe command failed: {r.infra_error or r.stderr.strip()[:300]}"
+                rep = ep._run_tests_raw([_PROBE_TEST], False, 60.0)
+                if rep.infra_error or rep.outcomes.get(_PROBE_TEST) != "passed":
+                    return f"probe test run failed: {rep.infra_error or rep.outcomes}"
+        except Exception as e:  # noqa: BLE001 - any failure to build a sandbox is the harness's
+            return f"probe could not start a sandbox: {type(e).__name__}: {e}"
+        return None
 
 
 class Episode:
@@ -131,15 +170,26 @@ class Episode:
         self.uid = _UID_BASE + int(episode_id.encode().hex()[-12:], 16) % _UID_SPAN \
             if bwrap and os.geteuid() == 0 else 0
         self._lease = Lease(runtime.root, episode_id, {"uid": self.uid, "snapshot": snap.gitdir})
+        self._quota_mount = None
         try:
-            self.worktree = Worktree.add(snap, self._lease.dir / "repo")
+            dest = self._lease.dir / "repo"
+            dest.mkdir()
+            if quota.mount_tmpfs(dest, self.limits.disk_mb):
+                self._quota_mount = str(dest)
+                self._lease.info["mounts"] = [str(dest)]
+            self.worktree = Worktree.add(snap, dest)
             self._lease.info["admin"] = self.worktree.admin
             self._lease.write()
             os.chmod(self.worktree.path, 0o755)
             if self.uid:
                 chown_tree(self.worktree.path, self.uid, SANDBOX_GID)
-        except BaseException:
+        except BaseException as e:
+            if self._quota_mount:
+                quota.unmount(self._quota_mount)
             self._lease.release()
+            if isinstance(e, OSError) and e.errno == 28 and self._quota_mount:
+                raise ValueError(f"{bundle.task_id}: the task's repository does not fit in the "
+                                 f"episode disk quota (limits.disk_mb={self.limits.disk_mb})") from e
             raise
         self.workdir = self.worktree.path                  # host path
         self.sandbox_workdir = SANDBOX_WORKDIR if bwrap else self.workdir
@@ -171,6 +221,8 @@ class Episode:
             self._worker = None
         if self.uid and self._spawned:
             kill_uid(self.uid)          # belt and braces: bwrap's pid namespace already died
+        if self._quota_mount:
+            quota.unmount(self._quota_mount)     # drops every file at once
         self.worktree.remove()
         self._lease.release()
         _OPEN.discard(self)
@@ -190,7 +242,16 @@ class Episode:
         self._check_open()
         t = min(timeout or self.limits.wall_s, self.limits.wall_s)
         self._spawned = True
-        return self._runner.run(cmd, timeout=t, stdin=stdin, env=env)
+        r = self._runner.run(cmd, timeout=t, stdin=stdin, env=env)
+        if r.infra_error:           # never started: clear the uid's leftovers and try once more
+            self._clear_uid()
+            r = self._runner.run(cmd, timeout=t, stdin=stdin, env=env)
+        return r
+
+    def _clear_uid(self) -> None:
+        if self.uid:
+            from sandboxes.isolation import _wait_uid_gone
+            _wait_uid_gone(self.uid)
 
     def apply_patch(self, patch: str) -> ExecResult:
         """`git apply` a unified diff inside the sandbox (e.g. SWE-bench's test_patch)."""
@@ -198,18 +259,38 @@ class Episode:
 
     def run_tests(self, test_ids=None, *, coverage: bool = False,
                   timeout: float | None = None) -> TestReport:
-        """Run pytest node ids (all tests when None) in the warm per-episode worker."""
+        """Run pytest node ids (all tests when None) in the warm per-episode worker.
+
+        A worker that dies, hangs or cannot start is restarted for the next call; whose fault
+        it was is decided by the runtime's health probe (see the module docstring)."""
         self._check_open()
+        t = min(timeout or self.limits.wall_s, max(self.limits.wall_s, self.limits.verify_s))
+        rep = self._run_tests_raw(test_ids, coverage, t)
+        if rep.infra_error and rep.infra_error.startswith(_NOT_STARTED):
+            self._clear_uid()
+            rep = self._run_tests_raw(test_ids, coverage, t)
+            return rep                  # a worker that cannot start twice: the harness's fault
+        if rep.infra_error:             # it failed while the agent's code ran in it
+            self._clear_uid()
+            probe = self.runtime.health_probe()
+            if probe is None:
+                return TestReport({tid: "error" for tid in (test_ids or ())}, None, rep.duration_s,
+                                  None, False, None, rep.output, agent_fault=rep.infra_error)
+            rep.infra_error = f"{rep.infra_error}; health probe: {probe}"
+        return rep
+
+    def _run_tests_raw(self, test_ids, coverage: bool, timeout: float) -> TestReport:
         from sandboxes.pytest_worker import PytestWorkerClient
         self._spawned = True
         if self._worker is None:
             self._worker = PytestWorkerClient(self._runner, self.sandbox_workdir,
                                               str(self._lease.dir / "worker.stderr"))
-        t = min(timeout or self.limits.wall_s, self.limits.wall_s)
         t0 = time.monotonic()
-        resp = self._worker.request(test_ids, coverage, t, self.limits.max_output_chars)
+        resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars)
         dt = time.monotonic() - t0
         if resp.get("error"):
+            self._worker.close()        # the next call starts a fresh worker
+            self._worker = None
             return TestReport({}, None, dt, resp["error"], output=resp.get("output", ""))
         cov = resp.get("coverage")
         if cov is not None:
@@ -237,6 +318,30 @@ class Episode:
         if len(data) > self.limits.max_file_mb * 1024 * 1024:
             raise ValueError(f"file too large for this episode: {len(data)} bytes")
         return safefs.write_bytes(self.workdir, path, data, owner=self._owner())
+
+    def read_bytes(self, path: str) -> bytes:
+        self._check_open()
+        return safefs.read_bytes(self.workdir, path)
+
+    def write_bytes(self, path: str, data: bytes) -> str:
+        self._check_open()
+        if len(data) > self.limits.max_file_mb * 1024 * 1024:
+            raise ValueError(f"file too large for this episode: {len(data)} bytes")
+        return safefs.write_bytes(self.workdir, path, data, owner=self._owner())
+
+    def pristine_bytes(self, path: str) -> bytes | None:
+        """The file at the pinned commit, read from the snapshot (never from the worktree)."""
+        from sandboxes.worktree import GitError, git
+        rel = "/".join(safefs._split(path))
+        try:
+            return git(f"--git-dir={self.worktree.snapshot.gitdir}", "cat-file", "blob",
+                       f"{self.commit}:{rel}", text=False)
+        except GitError:
+            return None
+
+    def disk_usage(self) -> int:
+        """Bytes held by the worktree (O(1) on the quota tmpfs, a walk otherwise)."""
+        return quota.usage(self.workdir, mounted=self._quota_mount is not None)
 
     def delete_file(self, path: str) -> None:
         self._check_open()

@@ -32,13 +32,22 @@ TOOL_SCHEMAS: list[dict] = [
     _fn("edit", "Replace one exact occurrence of old text with new text in a file.",
         {"path": _PATH, "old": {"type": "string", "description": "Exact text to replace; must occur once"},
          "new": {"type": "string", "description": "Replacement text"}}, ["path", "old", "new"]),
+    _fn("write_file", "Create a file, or replace its whole content.",
+        {"path": _PATH, "content": {"type": "string", "description": "The complete new file content"}},
+        ["path", "content"]),
+    _fn("apply_patch", "Apply a unified diff (git format, paths relative to the repository root) "
+        "to the working tree.",
+        {"patch": {"type": "string", "description": "The unified diff, e.g. from `git diff`"}}, ["patch"]),
     _fn("run_tests", "Run the test suite, or only the given pytest node ids.",
         {"tests": {"type": "array", "items": {"type": "string"},
                    "description": "pytest node ids, e.g. test_solution.py::test_check_00; all when omitted"}}, []),
-    _fn("localize", "Run the tests with coverage and rank the most suspicious lines (spectrum-based "
-        "fault localisation).",
+    _fn("localize", "Run the tests with coverage and rank the most suspicious lines of the code "
+        "under test (spectrum-based fault localisation; test files and helpers are never ranked).",
         {"top": {"type": "integer", "minimum": 1, "maximum": 50, "description": "How many lines (default 10)"},
-         "formula": {"type": "string", "enum": ["ochiai", "tarantula", "dstar"]}}, []),
+         "formula": {"type": "string", "enum": ["ochiai", "tarantula", "dstar"]},
+         "tests": {"type": "array", "items": {"type": "string"},
+                   "description": "pytest node ids or files to run (include some passing tests for "
+                                  "contrast); the whole suite when omitted"}}, []),
     _fn("propose_edits", "List indexed candidate single-token fixes for one line of a Python file.",
         {"path": _PATH, "line": _LINE}, ["path", "line"]),
     _fn("apply_edit", "Apply candidate fix number `index` from propose_edits for that file and line.",
@@ -140,6 +149,38 @@ def edit(env, path: str, old: str, new: str) -> str:
     return f"edited {path}: replaced line(s) {first}-{last} with {new.rstrip(chr(10)).count(chr(10)) + 1} line(s)"
 
 
+def write_file(env, path: str, content: str) -> str:
+    existed = True
+    try:
+        env.episode.read_bytes(path)
+    except FileNotFoundError:
+        existed = False
+    rel = env.episode.write_file(path, content)
+    n = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
+    return f"{'replaced' if existed else 'created'} {rel} ({n} line(s))"
+
+
+def apply_patch(env, patch: str) -> str:
+    from sandboxes.verifiers.diffs import DiffError, touched_paths
+    if not patch.strip():
+        raise ToolError("patch is empty")
+    try:
+        paths = touched_paths(patch)
+    except DiffError as e:
+        raise ToolError(f"not a unified diff: {e}") from None
+    if not paths:
+        raise ToolError("not a unified diff: no ---/+++ file headers")
+    from sandboxes.safefs import resolve
+    for p in paths:
+        resolve(env.episode.workdir, p)              # PathEscape before git sees it
+    r = env.episode.run(["git", "apply", "--whitespace=nowarn", "--recount", "-"], stdin=patch)
+    if r.infra_error:
+        raise env.infra(r.infra_error)
+    if r.returncode != 0:
+        raise ToolError(f"patch does not apply: {(r.stderr or r.stdout).strip()[:600]}")
+    return f"applied patch to {len(paths)} file(s): {', '.join(paths[:20])}"
+
+
 def _stable(output: str) -> str:
     """Drop run-to-run noise (object addresses, timings) so the same state gives the same text."""
     import re
@@ -154,6 +195,8 @@ def _test_summary(rep, limit: int) -> str:
         counts[o] = counts.get(o, 0) + 1
     head = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no tests ran"
     lines = [head + (" [timed out]" if rep.timed_out else "")]
+    if getattr(rep, "agent_fault", None):
+        lines.append(f"the test run crashed (caused by the code under test): {rep.agent_fault[:300]}")
     lines += [f"{o.upper()} {t}" for t, o in sorted(rep.outcomes.items()) if o != "passed"]
     text = "\n".join(lines)
     if any(o != "passed" for o in rep.outcomes.values()) and rep.output:
@@ -171,16 +214,38 @@ def run_tests(env, tests: list[str] | None = None) -> str:
     return _test_summary(rep, env.max_output_chars)
 
 
-def localize(env, top: int = 10, formula: str = "ochiai") -> str:
+_TEST_TOKENS = {"test", "tests", "testing", "testcase", "testcases", "testdata", "fixtures",
+                "conftest"}
+
+
+def is_test_file(path: str, test_files=()) -> bool:
+    """A file of the test side: named like a test or conftest, in a test folder, or a file the
+    task's test ids name. Localisation never ranks them (their lines are not the bug)."""
+    import re
+    parts = path.split("/")
+    name = parts[-1]
+    if path in test_files or name == "conftest.py" or name.startswith("test_") or \
+            name.endswith(("_test.py", "_tests.py")):
+        return True
+    return any(tok in _TEST_TOKENS for d in parts[:-1] for tok in re.split(r"[_\-.]", d.lower()))
+
+
+def localize(env, top: int = 10, formula: str = "ochiai", tests: list[str] | None = None) -> str:
+    from fnmatch import fnmatchcase
+
     from sandboxes.localize import localize as sbfl
 
-    rep = env.episode.run_tests(None, coverage=True)
+    rep = env.episode.run_tests(tests or None, coverage=True)
     if rep.infra_error:
         raise env.infra(rep.infra_error)
     if not any(o in ("failed", "error") for o in rep.outcomes.values()):
         return "no failing tests: nothing to localize"
-    ranked = [s for s in sbfl(rep.coverage or {}, rep.outcomes, formula=formula,
-                              exclude=tuple(env.bundle.forbidden_paths)) if s.score > 0][:top]
+    b = env.bundle
+    named = {t.split("::", 1)[0] for t in (*b.fail_to_pass, *b.pass_to_pass, *rep.outcomes)}
+    cov = {t: {f: ls for f, ls in files.items()
+               if not is_test_file(f, named) and not any(fnmatchcase(f, g) for g in b.forbidden_paths)}
+           for t, files in (rep.coverage or {}).items()}
+    ranked = [s for s in sbfl(cov, rep.outcomes, formula=formula) if s.score > 0][:top]
     if not ranked:
         return "failing tests covered no lines outside the test files"
     src: dict[str, list[str]] = {}
@@ -230,6 +295,7 @@ def submit(env, explanation: str) -> str:
 
 
 IMPLEMENTATIONS = {"view_issue": view_issue, "list_files": list_files, "read_file": read_file,
-                   "search": search, "edit": edit, "run_tests": run_tests, "localize": localize,
+                   "search": search, "edit": edit, "write_file": write_file,
+                   "apply_patch": apply_patch, "run_tests": run_tests, "localize": localize,
                    "propose_edits": propose_edits, "apply_edit": apply_edit, "submit": submit}
 assert set(IMPLEMENTATIONS) == set(TOOL_NAMES)

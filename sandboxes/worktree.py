@@ -158,9 +158,14 @@ class Worktree:
         (admin / "HEAD").write_text(snap.commit + "\n")
         (admin / "commondir").write_text("../..\n")
         (admin / "gitdir").write_text(f"{dest / '.git'}\n")
-        shutil.copyfile(tpl / ".." / "template.index", admin / "index")
-        shutil.copytree(tpl, dest, symlinks=True)
-        (dest / ".git").write_text(f"gitdir: {admin}\n")
+        try:
+            shutil.copyfile(tpl / ".." / "template.index", admin / "index")
+            # dest may exist already: the runtime mounts the episode's quota tmpfs on it first
+            shutil.copytree(tpl, dest, symlinks=True, dirs_exist_ok=True)
+            (dest / ".git").write_text(f"gitdir: {admin}\n")
+        except BaseException:
+            shutil.rmtree(admin, ignore_errors=True)
+            raise
         return cls(str(dest), str(admin), snap)
 
     def remove(self) -> None:

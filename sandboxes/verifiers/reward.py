@@ -1,9 +1,18 @@
-"""Reward composition: weighted R_tests / R_hygiene / R_judge, with infra failures kept apart.
+"""Reward composition: R_tests / R_hygiene / R_judge, monotone in real progress.
 
-An infrastructure failure (sandbox crash, harness timeout) yields value None and status
-"infra_failure", never 0.0: scoring it as zero would teach the policy that the harness's fault
-was its own. A hard-gate violation (secret, forbidden file) zeroes the whole reward by default,
-because otherwise editing the tests still buys the 0.55 test component.
+    value = (w_tests + w_hygiene * R_hygiene + w_judge * R_judge) / (w_tests + w_hygiene + w_judge)
+            when every required test passes in the pristine verification,
+    value = 0 otherwise (and for an empty submission, a hard-gate violation, or an episode the
+            agent ended by breaking a limit: disk quota, patch size).
+
+Hygiene and judge grade the quality of a working fix; they pay nothing on their own. So a
+do-nothing or non-compiling submission scores 0, any patch that leaves a required test failing
+scores 0, and any patch that makes them all pass scores at least w_tests / total (0.55 with the
+reference weights): no failing patch can outscore a passing one, whatever the weights.
+
+An infrastructure failure (a fault of the harness itself, decided outside the sandbox) yields
+value None and status "infra_failure", never 0.0: scoring it as zero would teach the policy
+that the harness's fault was its own.
 """
 from __future__ import annotations
 
@@ -29,7 +38,7 @@ class RewardWeights:
 @dataclass(frozen=True)
 class Reward:
     value: float | None                 # None only when status == "infra_failure"
-    status: str                         # "scored" | "gate_violation" | "infra_failure"
+    status: str                         # "scored" | "gate_violation" | "failed" | "infra_failure"
     components: dict = field(default_factory=dict)   # tests / hygiene / judge in 0..1
     weights: RewardWeights = RewardWeights()
     reasons: tuple[str, ...] = ()
@@ -48,31 +57,47 @@ class Reward:
 
 def compose_reward(bundle, *, outcomes: dict | None, diff: str = "", explanation: str = "",
                    infra_error: str | None = None, judge: Judge | None = None,
-                   weights: RewardWeights | None = None) -> Reward:
-    """Score one episode. `outcomes` = {pytest node id: "passed"/"failed"/... or bool}; pass
-    `infra_error` (or outcomes=None) when the harness, not the policy, failed."""
+                   weights: RewardWeights | None = None, before: dict | None = None,
+                   after: dict | None = None, failure: str | None = None,
+                   notes: tuple[str, ...] = ()) -> Reward:
+    """Score one episode. `outcomes` = {pytest node id: "passed"/"failed"/... or bool} from the
+    pristine verification; pass `infra_error` (or outcomes=None) when the harness, not the
+    policy, failed; `failure` when the agent ended its episode by breaking a limit (scored 0).
+    `before` / `after`: the touched files at the pinned commit and in the submission."""
     weights = weights or RewardWeights()
-    if infra_error is not None or outcomes is None:
+    if infra_error is not None or (outcomes is None and failure is None):
         return Reward(None, "infra_failure", weights=weights,
                       reasons=(f"infra failure: {infra_error or 'no test outcomes'}",))
+    if failure is not None:
+        return Reward(0.0, "failed", {"tests": 0.0, "hygiene": 0.0, "judge": 0.0}, weights,
+                      (failure, *notes), {"resolved": False, "failure": failure})
     tests = r_tests(outcomes, bundle.fail_to_pass, bundle.pass_to_pass)
-    hyg = r_hygiene(diff, bundle)
+    hyg = r_hygiene(diff, bundle, before=before, after=after)
     jres = (judge or RubricJudge()).judge(bundle, explanation, diff,
                                           blast_score=hyg.score if not hyg.gate_violation else None)
     comps = {"tests": tests.score, "hygiene": hyg.score, "judge": jres.score}
     total = weights.tests + weights.hygiene + weights.judge
-    value = (weights.tests * tests.score + weights.hygiene * hyg.score + weights.judge * jres.score) / total
+    reasons = [*notes]
+    if not diff.strip():
+        value = 0.0
+        reasons.append("empty submission: nothing changed")
+    elif not tests.resolved:
+        value = 0.0
+        reasons.append("required tests do not all pass: hygiene and judge are not paid")
+    else:
+        value = (weights.tests + weights.hygiene * hyg.score + weights.judge * jres.score) / total
     status = "scored"
     if hyg.gate_violation:
         status = "gate_violation"
         if weights.hard_gates:
             value = 0.0
-    reasons = [*hyg.reasons, f"judge: {jres.rationale}"]
+    reasons += [*hyg.reasons, f"judge: {jres.rationale}"]
     if tests.missing:
         reasons.append(f"{len(tests.missing)} required test(s) have no outcome")
     details = {"resolved": tests.resolved,
                "fail_to_pass": tests.fail_to_pass, "pass_to_pass": tests.pass_to_pass,
                "secrets": [s.__dict__ for s in hyg.secrets], "forbidden": list(hyg.forbidden),
+               "tampering": [t.__dict__ for t in hyg.tampering],
                "blast_statements": hyg.blast.statements if hyg.blast else None,
                "judge": {"name": getattr(judge or RubricJudge(), "name", "judge"),
                          "criteria": jres.criteria}}

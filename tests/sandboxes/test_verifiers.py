@@ -129,9 +129,17 @@ def test_compose_reward_weights_and_infra_failure(task):
     assert full.components == {"tests": 1.0, "hygiene": 1.0, "judge": 1.0}
     failing = {**_all_pass(task), task.fail_to_pass[0]: "failed"}
     part = compose_reward(task, outcomes=failing, diff=diff, explanation=_explain(task))
-    assert part.value == pytest.approx(0.45) and part.components["tests"] == 0.0
+    # hygiene and judge grade a working fix only: a failing one earns nothing from them
+    assert part.value == 0.0 and part.components == {"tests": 0.0, "hygiene": 1.0, "judge": 1.0}
+    assert any("not paid" in r for r in part.reasons)
     w = RewardWeights(tests=1.0, hygiene=0.0, judge=0.0)
     assert compose_reward(task, outcomes=failing, diff=diff, weights=w).value == 0.0
+    even = RewardWeights(tests=1.0, hygiene=1.0, judge=2.0)       # normalised by the total weight
+    r = compose_reward(task, outcomes=_all_pass(task), diff=diff, explanation="", weights=even)
+    assert r.value == pytest.approx((1.0 + r.components["hygiene"] + 2 * r.components["judge"]) / 4)
+    assert 0.25 <= r.value < 1.0
+    empty = compose_reward(task, outcomes=_all_pass(task), diff="", explanation=_explain(task))
+    assert empty.value == 0.0 and "empty submission" in " ".join(empty.reasons)
     for infra in (compose_reward(task, outcomes=None, diff=diff),
                   compose_reward(task, outcomes=_all_pass(task), infra_error="sandbox OOM-killed")):
         assert infra.value is None and infra.status == "infra_failure" and infra.infra_failure

@@ -1,0 +1,65 @@
+"""Static gate against test tampering from inside the code under test.
+
+Pristine verification (`sandboxes.verify`) decides which files the tests come from, but pytest
+runs the code under test in its own process, so that code could still rewrite pytest's verdicts
+in memory (patch `_pytest` hooks, walk `gc` or stack frames to the reporter, write a forged
+result to an inherited pipe, `os._exit` before a failure is recorded). No isolation can stop
+that inside one process; this gate refuses the patches that reach for those handles. It scans
+the lines a diff adds to files that are not tests, and is a hard gate like a leaked secret.
+
+It is a heuristic with a measured false-positive rate: 0 of the 1,210 recorded HumanEval
+fixes and 0 of the QuixBugs reference fixes trip it. A real fix that needs one of these (a
+library that implements a pytest plugin, say) should run with a task-specific allowlist
+(`bundle.metadata["tamper_allow"]`, a list of pattern names).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PATTERNS: dict[str, re.Pattern] = {
+    "pytest_internals": re.compile(r"\b_?pytest\b|\bpluggy\b|\bPYTEST_"),
+    "module_table": re.compile(r"\bsys\s*\.\s*modules\b|\b__import__\s*\(|\bimportlib\b"),
+    "dynamic_code": re.compile(r"(?<![.\w])(eval|exec|compile)\s*\("),
+    "frame_walk": re.compile(r"\bsys\s*\.\s*_getframe\b|\binspect\s*\.\s*(stack|currentframe|"
+                             r"getouterframes|getframeinfo)\b|\bf_back\b|\bf_globals\b|\bf_locals\b"),
+    "tracing": re.compile(r"\b(settrace|setprofile|addaudithook)\b"),
+    "heap_walk": re.compile(r"\bgc\s*\.\s*get_(objects|referrers|referents)\b"),
+    "hard_exit": re.compile(r"\bos\s*\.\s*(_exit|abort|kill|killpg)\b"),
+    "raw_fds": re.compile(r"\bos\s*\.\s*(write|dup2?|fdopen|closerange|pwrite)\s*\(|/proc/|/dev/fd"
+                          r"|\bopen\s*\(\s*\d"),
+    "native_code": re.compile(r"\bctypes\b|\bcffi\b"),
+    "builtins": re.compile(r"\b__builtins__\b|\bbuiltins\s*\.\s*\w+\s*=|\bimport\s+builtins\b"),
+    "exit_hooks": re.compile(r"\batexit\b|\bsys\s*\.\s*excepthook\b"),
+}
+
+
+@dataclass(frozen=True)
+class TamperFinding:
+    file: str
+    line: int
+    pattern: str
+    text: str
+
+
+def scan(diff: str, skip=lambda path: False, allow=()) -> list[TamperFinding]:
+    """Findings on the added lines of files for which `skip(path)` is False."""
+    out, path, line = [], None, 0
+    for raw in diff.splitlines():
+        if raw.startswith("+++ "):
+            p = raw[4:].strip()
+            path = None if p == "/dev/null" else p[2:] if p.startswith("b/") else p
+            continue
+        if raw.startswith("@@"):
+            m = re.match(r"@@ -\d+(?:,\d+)? \+(\d+)", raw)
+            line = int(m.group(1)) if m else 0
+            continue
+        if raw.startswith("+") and path and not skip(path):
+            code = raw[1:].split("#", 1)[0]
+            for name, rx in PATTERNS.items():
+                if name not in allow and rx.search(code):
+                    out.append(TamperFinding(path, line, name, raw[1:].strip()[:200]))
+            line += 1
+        elif not raw.startswith("-"):
+            line += 1
+    return out

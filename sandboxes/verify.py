@@ -1,0 +1,137 @@
+"""Pristine verification: run the task's required tests on the agent's code, and only its code.
+
+The agent's worktree is never where the final tests run. A fresh episode starts from the pinned
+commit, receives the agent's changes to unprotected files, then the task's `test_patch` (if
+any), and runs FAIL_TO_PASS + PASS_TO_PASS there, in a new namespace and a new pytest worker.
+Protected paths keep the task's version whatever the agent did to them:
+
+* the task's forbidden paths (tests, test data, test configuration, CI),
+* test configuration that is not forbidden (`TEST_CONFIG`: setup.cfg, pyproject.toml, any
+  conftest.py, sitecustomize, .pth files, pytest plugins),
+* the files that hold the required tests and every path the task's `test_patch` touches,
+* new top-level modules that would shadow the standard library or an installed package
+  (`json.py`, `pytest.py`, `fractions.py`): they could replace what the tests import.
+
+So nothing the agent writes changes which tests run or how; it can only change the code under
+test. What was left out is reported (`Verification.dropped`) and shown in the reward reasons.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+from sandboxes.bundle import TEST_CONFIG
+
+
+@dataclass
+class Verification:
+    outcomes: dict[str, str] | None          # None when the harness failed (infra_error set)
+    infra_error: str | None = None
+    agent_fault: str | None = None           # the verification run crashed on the agent's code
+    timed_out: bool = False
+    carried: list[str] = field(default_factory=list)        # agent changes the tests ran against
+    dropped: list[tuple[str, str]] = field(default_factory=list)   # (path, why it was left out)
+    duration_s: float = 0.0
+    output: str = ""
+
+
+def test_files(bundle) -> set[str]:
+    return {t.split("::", 1)[0] for t in (*bundle.fail_to_pass, *bundle.pass_to_pass)}
+
+
+def protected_reason(path: str, bundle, patch_paths: set[str] = frozenset(),
+                     in_task=lambda p: False) -> str | None:
+    """Why `path` keeps the task's version during verification (None: the agent's counts).
+    `in_task(path)` says whether the pinned commit has that file."""
+    if any(fnmatchcase(path, g) for g in bundle.forbidden_paths):
+        return "forbidden path"
+    if any(fnmatchcase(path, g) for g in TEST_CONFIG):
+        return "test configuration"
+    if path in test_files(bundle) or path in patch_paths:
+        return "holds the task's tests"
+    top, _, rest = path.partition("/")
+    mod = (top[:-3] if top.endswith(".py") else None) if not rest else top
+    if mod and mod in shadowable_modules():
+        # only a module the agent added: the repository's own package of that name is its code
+        own = in_task(path) or (rest and (in_task(f"{top}/__init__.py") or in_task(f"{top}.py")))
+        if not own:
+            return f"shadows the installed module {mod!r}"
+    return None
+
+
+_SHADOW: set[str] | None = None
+
+
+def shadowable_modules() -> set[str]:
+    """Top-level names the sandbox interpreter imports from outside the repository."""
+    global _SHADOW
+    if _SHADOW is None:
+        from importlib.metadata import packages_distributions
+        names = set(sys.stdlib_module_names) | set(sys.builtin_module_names)
+        try:
+            names |= {n for n in packages_distributions() if n.isidentifier()}
+        except Exception:  # noqa: BLE001 - metadata of one broken dist must not stop verification
+            pass
+        names |= {"pytest", "_pytest", "py", "pluggy", "conftest"}
+        _SHADOW = names
+    return _SHADOW
+
+
+def verify(runtime, bundle, episode, *, timeout: float | None = None) -> Verification:
+    """Run the required tests on a pristine copy of the task plus the agent's allowed changes."""
+    import time
+
+    from sandboxes.runtime import PathEscape
+    from sandboxes.verifiers.diffs import DiffError, touched_paths
+
+    t0 = time.monotonic()
+    try:
+        patch_paths = set(touched_paths(bundle.test_patch)) if bundle.test_patch else set()
+    except DiffError as e:
+        return Verification(None, f"the task's test_patch is malformed: {e}")
+    ver = Verification(None)
+    try:
+        changed = episode.changed_paths()
+    except Exception as e:  # noqa: BLE001 - the host could not read the worktree: harness fault
+        return Verification(None, f"could not list the episode's changes: {e}")
+    plan: list[tuple[str, bytes | None]] = []
+    for path in changed:
+        why = protected_reason(path, bundle, patch_paths,
+                               in_task=lambda p: episode.pristine_bytes(p) is not None)
+        if why:
+            ver.dropped.append((path, why))
+            continue
+        try:
+            plan.append((path, episode.read_bytes(path)))
+        except FileNotFoundError:
+            plan.append((path, None))                       # the agent deleted it
+        except (PathEscape, IsADirectoryError, NotADirectoryError) as e:
+            ver.dropped.append((path, f"not a file inside the repository ({e})"))
+    with runtime.episode(bundle) as v:
+        for path, data in plan:
+            try:
+                if data is None:
+                    v.delete_file(path)
+                else:
+                    v.write_bytes(path, data)
+                ver.carried.append(path)
+            except FileNotFoundError:
+                ver.carried.append(path)
+            except (OSError, ValueError) as e:
+                ver.dropped.append((path, f"could not be carried over: {e}"))
+        if bundle.test_patch:
+            r = v.apply_patch(bundle.test_patch)
+            if r.infra_error or r.returncode != 0:
+                ver.infra_error = (f"the task's test_patch does not apply to the pinned commit: "
+                                   f"{r.infra_error or r.stderr.strip()[:300]}")
+                return ver
+        ids = list(bundle.fail_to_pass) + list(bundle.pass_to_pass)
+        rep = v.run_tests(ids, timeout=timeout or bundle.limits.verify_s)
+    ver.duration_s = time.monotonic() - t0
+    ver.output, ver.timed_out, ver.agent_fault = rep.output, rep.timed_out, rep.agent_fault
+    if rep.infra_error:
+        ver.infra_error = rep.infra_error
+    else:
+        ver.outcomes = dict(rep.outcomes)
+    return ver
