@@ -1,94 +1,799 @@
-"""Docker runtime for SWE-bench-style images (optional extra: `pip install docker`).
+"""The Docker runtime: one locked-down container per episode (same contract as `LocalRuntime`).
 
-    rt = DockerRuntime()                                   # raises SandboxUnavailable w/o engine
-    with rt.episode(bundle, image="sweb.eval.x86_64.astropy__astropy-12907") as ep:
-        ep.run("pytest -q tests/test_x.py")                 # -> ExecResult
+    rt = DockerRuntime()                       # raises SandboxUnavailable when no engine answers
+    with rt.episode(bundle) as ep:             # inline files or repo_path+commit, base image
+        ep.write_file("solution.py", fixed)
+        ep.run("python3 -c 'import solution'")  # -> ExecResult
+        ep.run_tests(bundle.fail_to_pass)       # -> TestReport (the warm pytest worker)
         ep.diff(); ep.changed_paths()
+    rt.episode(bundle, image="sweb.eval.x86_64.astropy__astropy-12907")   # repo already in /testbed
 
-The container runs with `network_mode="none"`, memory / CPU / pids limits from `bundle.limits`,
-no capabilities, no-new-privileges, and is removed on close. The image must already hold the
-repository at `workdir` (SWE-bench images: /testbed) at the bundle's commit. Files and diffs
-go through `docker exec` of git/cat inside the container. Same ExecResult as the local runtime.
+Engine and image: `python -m sandboxes.docker_engine --ensure` (what `make test` runs) starts
+dockerd when nothing answers and builds `ratchet-sandbox-base` (Debian bookworm minbase +
+python3, python3-pytest, git) offline with debootstrap. No registry is ever contacted.
+
+The tree: the bundle's pinned tree (inline files or `repo_path` + `commit`) becomes a
+single-commit snapshot (`sandboxes.worktree.SnapshotStore`, no other history), which is
+`git archive`d into the container's workdir; with `image=` and a bundle without a tree, the
+snapshot is made once per image from the image's own workdir (its `.git` left out: no future
+history). The snapshot's bare repository is mounted read-only at /.ratchet/git: `diff`,
+`changed_paths` and `pristine_bytes` use it with a fresh scratch index each time, never
+anything the sandbox can write. The workdir also gets a small `.git` of its own (objects
+borrowed from the snapshot) so `git diff` / `git status` work for the agent.
+
+The container: `network_mode="none"` (loopback only), read-only root filesystem, the workdir
+a tmpfs of `limits.disk_mb` (the whole tree included: a write past it fails with ENOSPC inside
+the sandbox), /tmp a 64 MiB tmpfs, memory (+swap) / pids / 1 CPU cgroup limits from
+`bundle.limits`, RLIMIT_FSIZE / RLIMIT_CPU / no core dumps, every capability dropped,
+no-new-privileges, the unprivileged uid 10001, an environment that holds nothing of the host's.
+Nothing of the host is mounted except, read-only, the snapshot and the two helper scripts
+(`pytest_worker.py`, `docker_ops.py`). All writable storage is tmpfs, charged to the
+container's memory limit. Containers carry the `ratchet.sandbox` label and their owner's pid;
+a runtime removes the ones whose owner died when it starts, and `close()` removes its own.
+
+Processes: pid 1 is a tiny reaper; after every command and test run, everything the agent's
+code left behind is killed (`docker_ops.op_sweep`); a command that times out is killed with its
+whole tree; when even that fails (a fork bomb at the pids limit), pid 1 kills every process in
+the container (`docker kill -s USR1`, no new process needed). File access goes through a
+persistent in-container helper (`docker_ops.py`), commands through `docker exec`.
+
+Failure attribution follows `sandboxes.runtime`: a worker or command failure that looks like
+the harness's is checked with a health probe in a fresh container; a healthy probe makes it
+the agent's failure (`TestReport.agent_fault`), otherwise `infra_error`.
 """
 from __future__ import annotations
 
-import shlex
+import atexit
+import base64
+import hashlib
+import io
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
 import time
+import uuid
+import weakref
+from dataclasses import fields
+from pathlib import Path
 
+from sandboxes import docker_engine
 from sandboxes.isolation import ExecResult, SandboxUnavailable
+from sandboxes.runtime import PathEscape, TestReport, default_root
+from sandboxes.worktree import SnapshotStore, git
+
+__all__ = ["DockerRuntime", "DockerEpisode", "ExecResult", "TestReport", "SandboxUnavailable"]
+
+TOOLS = "/.ratchet"
+GITDIR = f"{TOOLS}/git"
+SANDBOX_UID = docker_engine.SANDBOX_UID
+TMP_MB = 64
+_HERE = Path(__file__).resolve().parent
+_WORKER = str(_HERE / "pytest_worker.py")
+_OPS = str(_HERE / "docker_ops.py")
+_MARK = "\x1eratchet-exec "
+_WRAP = 'printf "\\036ratchet-exec %s\\036" "$$" >&2; exec "$@"'
+_OPEN: "weakref.WeakSet[DockerEpisode]" = weakref.WeakSet()
+_PROBE_FILES = {"test_ratchet_probe.py": "def test_ok():\n    assert 1 + 1 == 2\n"}
+_PROBE_TEST = "test_ratchet_probe.py::test_ok"
+_JUNK = (":(exclude,glob)**/__pycache__/**", ":(exclude,glob)**/*.pyc",
+         ":(exclude,glob)**/.pytest_cache/**")
+_GIT_SAFE = ["-c", "safe.directory=*", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
+             "-c", "core.quotePath=false", "-c", "diff.external=", "-c", "protocol.allow=never"]
+
+def _report(outcomes, coverage=None, duration_s=0.0, infra_error=None, timed_out=False,
+            exit_code=None, output="", agent_fault=None) -> TestReport:
+    """A TestReport; `agent_fault` goes into its own field when this TestReport has one."""
+    kw = {}
+    if agent_fault is not None:
+        if "agent_fault" in {f.name for f in fields(TestReport)}:
+            kw["agent_fault"] = agent_fault
+        else:
+            output = f"[the test run crashed because of the episode's own code: {agent_fault}]\n{output}"
+    return TestReport(outcomes, coverage, duration_s, infra_error, timed_out, exit_code, output, **kw)
+
+
+def _owner_label() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def _start_time(pid: int) -> str:
+    try:
+        s = Path(f"/proc/{pid}/stat").read_bytes()
+        return s[s.rindex(b")") + 2:].split()[19].decode()
+    except (OSError, ValueError, IndexError):
+        return "?"
+
+
+def _owner_alive(label: str) -> bool:
+    try:
+        host, pid, start = label.rsplit(":", 2)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return True                       # another machine's engine client: not ours to judge
+    return _start_time(int(pid)) == start
 
 
 class DockerRuntime:
-    def __init__(self, client=None, workdir: str = "/testbed"):
+    """Factory of Docker episodes. Reuse one per process (snapshot cache, one SDK client).
+
+    image: default image (else `bundle.metadata["image"]`, else the ratchet base image);
+    workdir: where the tree lives in the container (default /repo for the base image,
+    /testbed for other images); python: the interpreter inside the image.
+    """
+    name = "docker"
+
+    def __init__(self, client=None, *, image: str | None = None, workdir: str | None = None,
+                 python: str = "python3", root: str | Path | None = None, reap_stale: bool = True):
         try:
-            import docker
+            import docker  # noqa: F401
         except ImportError as e:
-            raise SandboxUnavailable("the docker SDK is not installed (pip install 'ratchet[docker]')") from e
+            raise SandboxUnavailable("the docker SDK is not installed (pip install 'docker>=7')") from e
         try:
-            self.client = client or docker.from_env(timeout=5)
-            self.client.ping()
+            self.client = client or docker_engine.client(timeout=120)
+            if client is not None:
+                client.ping()
         except Exception as e:  # noqa: BLE001 - any failure to reach the engine
             raise SandboxUnavailable(f"no Docker engine answers: {e}") from e
-        self.workdir = workdir
+        self.cli = docker_engine.docker_cli()
+        if not self.cli:
+            raise SandboxUnavailable("the docker CLI is not installed (apt-get install docker.io)")
+        self.image, self.workdir, self.python = image, workdir, python
+        self.root = Path(root or Path(default_root()) / "docker").resolve()
+        (self.root / "episodes").mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o711)
+        self.snapshots = SnapshotStore(self.root / "snapshots")
+        self._image_snaps: dict[tuple, object] = {}
+        self._lock = threading.Lock()
+        if reap_stale:
+            self.reap()
 
-    def episode(self, bundle, image: str | None = None) -> "DockerEpisode":
-        image = image or bundle.metadata.get("image")
-        if not image:
-            raise ValueError(f"{bundle.task_id}: no image given and none in bundle.metadata['image']")
-        return DockerEpisode(self, bundle, image)
+    # ------------------------------------------------------------------ housekeeping
+    def reap(self) -> list[str]:
+        """Remove labelled containers whose owning process is gone (and their host dirs)."""
+        removed = []
+        try:
+            stale = self.client.containers.list(all=True, filters={"label": docker_engine.LABEL})
+        except Exception:  # noqa: BLE001 - best effort
+            return removed
+        for c in stale:
+            if not _owner_alive(c.labels.get("ratchet.owner", "")):
+                try:
+                    c.remove(force=True)
+                    removed.append(c.name)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        live = set()
+        try:
+            live = {c.labels.get("ratchet.episode") for c in self.client.containers.list(
+                all=True, filters={"label": docker_engine.LABEL})}
+        except Exception:  # noqa: BLE001
+            pass
+        for d in (self.root / "episodes").iterdir():
+            if d.name not in live:
+                shutil.rmtree(d, ignore_errors=True)
+        return removed
+
+    def resolve_image(self, bundle, image: str | None):
+        name = image or self.image or (bundle.metadata or {}).get("image") or docker_engine.BASE_IMAGE
+        import docker
+        try:
+            return self.client.images.get(name)
+        except docker.errors.ImageNotFound as e:
+            hint = (" (build it: python -m sandboxes.docker_engine --ensure)"
+                    if name == docker_engine.BASE_IMAGE else " (no registry is used: build or load it locally)")
+            raise SandboxUnavailable(f"No such image: {name}{hint}") from e
+
+    def snapshot_of_image(self, image, workdir: str):
+        """Single-commit snapshot of the tree an image holds at `workdir` (its .git left out)."""
+        key = (image.id, workdir)
+        with self._lock:
+            if key in self._image_snaps:
+                return self._image_snaps[key]
+        c = self.client.containers.create(image.id, command=["true"], labels={
+            docker_engine.LABEL: "1", "ratchet.owner": _owner_label(), "ratchet.episode": "image-export"})
+        try:
+            try:
+                stream, _ = c.get_archive(workdir)
+                data = b"".join(stream)
+            except Exception as e:  # noqa: BLE001 - the image has no such folder: an empty tree
+                if "Could not find" not in str(e) and "No such" not in str(e):
+                    raise
+                data = b""
+        finally:
+            c.remove(force=True)
+        snap = self.snapshots._build(f"i-{hashlib.sha256(f'{image.id}:{workdir}'.encode()).hexdigest()[:40]}",
+                                     lambda tmp: _import_tar(tmp, data),
+                                     f"image:{image.tags[0] if image.tags else image.id}:{workdir}")
+        with self._lock:
+            self._image_snaps[key] = snap
+        return snap
+
+    # ------------------------------------------------------------------ episodes
+    def episode(self, bundle, *, episode_id: str | None = None, image: str | None = None) -> "DockerEpisode":
+        return DockerEpisode(self, bundle, episode_id or uuid.uuid4().hex[:16], image)
+
+    def health_probe(self, image: str | None = None) -> str | None:
+        """None when a fresh container with harness-owned files runs a command and a test."""
+        from sandboxes.bundle import TaskBundle
+        b = TaskBundle(task_id="ratchet-health-probe", files=_PROBE_FILES, fail_to_pass=(_PROBE_TEST,))
+        try:
+            with self.episode(b, image=image) as ep:
+                r = ep._exec([ep.python, "-c", "print('ok')"], timeout=30)
+                if r.infra_error or r.stdout.strip() != "ok":
+                    return f"probe command failed: {r.infra_error or r.stderr.strip()[:300]}"
+                rep = ep._run_tests_raw([_PROBE_TEST], False, 60.0)
+                if rep.infra_error or rep.outcomes.get(_PROBE_TEST) != "passed":
+                    return f"probe test run failed: {rep.infra_error or rep.outcomes}"
+        except Exception as e:  # noqa: BLE001 - any failure to build a sandbox is the harness's
+            return f"probe could not start a container: {type(e).__name__}: {e}"
+        return None
+
+
+def _import_tar(gitdir: Path, data: bytes) -> str:
+    """Write the tar's files (first path component dropped, .git left out) as one commit."""
+    ref = "refs/heads/snapshot"
+    stream = bytearray(f"commit {ref}\ncommitter ratchet <sandbox@ratchet.local> 0 +0000\ndata 0\n".encode())
+    if data:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+            for m in tf:
+                parts = [p for p in m.name.split("/") if p not in ("", ".")][1:]
+                if not parts or parts[0] == ".git" or ".." in parts or "__pycache__" in parts:
+                    continue
+                path = "/".join(parts)
+                if "\n" in path or '"' in path:
+                    continue
+                if m.issym():
+                    blob, mode = m.linkname.encode(), "120000"
+                elif m.isfile() or m.islnk():
+                    f = tf.extractfile(m)
+                    if f is None:
+                        continue
+                    blob, mode = f.read(), ("100755" if m.mode & 0o111 else "100644")
+                else:
+                    continue
+                stream += f"M {mode} inline {path}\ndata {len(blob)}\n".encode() + blob + b"\n"
+    git("-C", str(gitdir), "fast-import", "--quiet", input=bytes(stream))
+    return git("-C", str(gitdir), "rev-parse", f"{ref}^{{tree}}").strip()
+
+
+class _Capped:
+    """Drains a pipe on a thread, keeping at most `cap` bytes."""
+
+    def __init__(self, stream, cap: int):
+        self.buf, self.dropped = bytearray(), 0
+        self._t = threading.Thread(target=self._pump, args=(stream, cap), daemon=True)
+        self._t.start()
+
+    def _pump(self, stream, cap):
+        try:
+            while chunk := stream.read1(65536):
+                room = max(cap - len(self.buf), 0)
+                self.buf += chunk[:room]
+                self.dropped += len(chunk) - min(len(chunk), room)
+        except (OSError, ValueError):
+            pass
+
+    def join(self, timeout: float = 2.0) -> bytes:
+        self._t.join(timeout)
+        return bytes(self.buf)
+
+
+def _text(data: bytes, cap: int, dropped: int = 0) -> str:
+    s = data.decode("utf-8", "replace")
+    if len(s) > cap or dropped:
+        s = s[:cap] + f"\n[... output truncated ({dropped} more bytes) ...]"
+    return s
+
+
+class _DockerRunner:
+    """What `PytestWorkerClient` needs from an isolation runner: popen through `docker exec`."""
+    name = "docker"
+
+    def __init__(self, ep: "DockerEpisode"):
+        self.ep = ep
+
+    def tool_path(self, name: str) -> str:
+        return f"{TOOLS}/{name}"
+
+    def popen(self, cmd, *, stdin=None, stdout=None, stderr=None, env=None, **kw):
+        cmd = list(cmd)
+        if cmd and cmd[0] == sys.executable:      # the host interpreter means the image's
+            cmd[0] = self.ep.python
+        return subprocess.Popen(self.ep._exec_argv(cmd, env=env), stdin=stdin, stdout=stdout,
+                                stderr=stderr, start_new_session=True)
+
+
+class _Ops:
+    """Host side of the persistent in-container file helper (`docker_ops.py`)."""
+
+    def __init__(self, ep: "DockerEpisode"):
+        self.ep, self.proc, self._buf = ep, None, b""
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen(
+            self.ep._exec_argv([self.ep.python, f"{TOOLS}/docker_ops.py", "--root", self.ep.workdir]),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        self._buf = b""
+        first = self._readline(20)
+        if not first or not first.get("ready"):
+            self.close()
+            raise OSError(f"the in-container file helper did not start ({first})")
+
+    def _readline(self, timeout: float):
+        fd = self.proc.stdout.fileno()
+        end = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            b = os.read(fd, 1 << 20)
+            if not b:
+                return None
+            self._buf += b
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError:
+            return None
+
+    def call(self, req: dict, timeout: float = 60):
+        resp = None
+        for attempt in (0, 1):
+            try:
+                if self.proc is None or self.proc.poll() is not None:
+                    self._start()
+                self.proc.stdin.write((json.dumps(req) + "\n").encode())
+                self.proc.stdin.flush()
+                resp = self._readline(timeout)
+            except OSError:
+                resp = None
+            if resp is not None:
+                break
+            self.close()
+            if attempt == 0:
+                self.ep._reset_processes()       # e.g. the agent killed it, or filled the pids
+        if resp is None:
+            raise RuntimeError(f"sandbox file helper unavailable in episode {self.ep.id}")
+        err = resp.get("error")
+        if not err:
+            return resp
+        msg = resp.get("msg", "")
+        if err == "PathEscape":
+            raise PathEscape(msg)
+        exc = {"FileNotFoundError": FileNotFoundError, "IsADirectoryError": IsADirectoryError,
+               "NotADirectoryError": NotADirectoryError, "PermissionError": PermissionError}.get(err)
+        if exc:
+            raise exc(msg)
+        if resp.get("errno"):
+            raise OSError(resp["errno"], msg)
+        raise RuntimeError(f"{err}: {msg}")
+
+    def close(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
+            for s in (self.proc.stdin, self.proc.stdout):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+            self.proc = None
+
+
+def _split(path: str, workdir: str) -> str:
+    """A path relative to the workdir (`/repo/x` and `<workdir>/x` accepted), or PathEscape."""
+    p = str(path)
+    if "\x00" in p:
+        raise PathEscape("NUL byte in path")
+    for root in {workdir, "/repo"}:
+        if p == root or p.startswith(root + "/"):
+            p = p[len(root):]
+            break
+    else:
+        if p.startswith("/"):
+            raise PathEscape(f"absolute path outside the worktree: {path!r}")
+    out: list[str] = []
+    for part in p.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not out:
+                raise PathEscape(f"path escapes the worktree: {path!r}")
+            out.pop()
+        else:
+            out.append(part)
+    return "/".join(out)
 
 
 class DockerEpisode:
-    def __init__(self, rt: DockerRuntime, bundle, image: str):
-        L = bundle.limits
-        self.bundle, self.workdir, self.limits = bundle, rt.workdir, L
-        self.container = rt.client.containers.run(
-            image, command=["sleep", "infinity"], detach=True, network_mode="none",
-            mem_limit=f"{L.memory_mb}m", memswap_limit=f"{L.memory_mb}m", nano_cpus=1_000_000_000,
-            pids_limit=L.max_procs, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-            working_dir=rt.workdir, environment={"PYTHONHASHSEED": "0", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-                                                 "PYTHONDONTWRITEBYTECODE": "1"},
-            labels={"ratchet.episode": bundle.task_id}, auto_remove=False)
-        self.commit = self._sh("git rev-parse HEAD").stdout.strip()
+    """One task attempt in its own container (see the module docstring)."""
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _sh(self, cmd: str, timeout: float | None = None) -> ExecResult:
-        t = timeout or self.limits.wall_s
-        wrapped = ["timeout", "-s", "KILL", str(int(max(t, 1))), "sh", "-c", cmd]
+    def __init__(self, rt: DockerRuntime, bundle, episode_id: str, image: str | None = None):
+        self.runtime, self.bundle, self.id = rt, bundle, episode_id
+        self.limits = L = bundle.limits
+        self._closed, self._worker, self._ops, self.container = True, None, None, None
+        img = rt.resolve_image(bundle, image)
+        self.image = img.tags[0] if img.tags else img.id
+        self.image_id = img.id
+        is_base = docker_engine.BASE_REPO in " ".join(img.tags)
+        self.workdir = rt.workdir or (bundle.metadata or {}).get("workdir") or ("/repo" if is_base else "/testbed")
+        self.python = (bundle.metadata or {}).get("python") or rt.python
+        has_tree = bool(bundle.files) or bool(bundle.repo_path and bundle.commit)
+        snap = rt.snapshots.for_bundle(bundle) if has_tree else rt.snapshot_of_image(img, self.workdir)
+        self.snapshot, self.commit, self.source = snap, snap.commit, snap.source
+        self.environment_digest = "sha256:" + hashlib.sha256(
+            f"{bundle.environment_digest}|docker|{img.id}|{self.workdir}".encode()).hexdigest()
+        self.disk_mb = int(getattr(L, "disk_mb", 256))
+        archive = git(f"--git-dir={snap.gitdir}", "archive", "--format=tar", snap.commit, text=False)
+        self.dir = rt.root / "episodes" / episode_id
+        self.dir.mkdir(parents=True, exist_ok=False)
         t0 = time.monotonic()
         try:
-            r = self.container.exec_run(wrapped, workdir=self.workdir, demux=True)
+            self.container = rt.client.containers.run(
+                img.id, command=[self.python, f"{TOOLS}/docker_ops.py", "--init"], detach=True, init=False,
+                user=f"{SANDBOX_UID}:{SANDBOX_UID}", working_dir=self.workdir, hostname="sandbox",
+                network_mode="none", read_only=True, cap_drop=["ALL"],
+                security_opt=["no-new-privileges"], ipc_mode="private",
+                tmpfs={self.workdir: (f"size={self.disk_mb}m,nr_inodes={max(self.disk_mb * 256, 16384)},"
+                                      f"uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755"),
+                       "/tmp": f"size={TMP_MB}m,mode=1777"},
+                volumes={_WORKER: {"bind": f"{TOOLS}/pytest_worker.py", "mode": "ro"},
+                         _OPS: {"bind": f"{TOOLS}/docker_ops.py", "mode": "ro"},
+                         snap.gitdir: {"bind": GITDIR, "mode": "ro"}},
+                mem_limit=f"{L.memory_mb}m", memswap_limit=f"{L.memory_mb}m",
+                pids_limit=L.max_procs, nano_cpus=1_000_000_000, shm_size="16m",
+                ulimits=_ulimits(L), environment=_env(),
+                labels={docker_engine.LABEL: "1", "ratchet.owner": _owner_label(),
+                        "ratchet.episode": episode_id, "ratchet.task": str(bundle.task_id)[:200]})
+            self._closed = False
+            _OPEN.add(self)
+            self._runner, self._ops = _DockerRunner(self), _Ops(self)
+            self._populate(archive)
+        except BaseException as e:
+            self._closed = False
+            self.close()
+            if isinstance(e, OSError) and "No space left" in str(e):
+                raise ValueError(f"{bundle.task_id}: the task's repository does not fit in the "
+                                 f"episode disk quota (disk_mb={self.disk_mb})") from e
+            raise
+        self.start_s = time.monotonic() - t0
+
+    def _populate(self, archive: bytes) -> None:
+        """Unpack the pinned tree into the workdir and give it a one-commit .git for the agent."""
+        script = (f"set -e; tar -x -m -f - -C {_q(self.workdir)}; cd {_q(self.workdir)}; "
+                  "git init -q; "
+                  f"echo {GITDIR}/objects > .git/objects/info/alternates; "
+                  f"git -c safe.directory='*' reset -q {self.commit}")
+        r = self._exec(["/bin/sh", "-c", script], timeout=120, stdin_bytes=archive)
+        if r.infra_error or r.returncode != 0:
+            if "No space left" in r.stderr:
+                raise OSError(28, f"No space left on device: {r.stderr.strip()[:300]}")
+            raise RuntimeError(f"could not unpack the tree into the container: "
+                               f"{r.infra_error or r.stderr.strip()[:500]}")
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> "DockerEpisode":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stop the helpers, remove the container (its tmpfs go with it). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for h in (self._worker, self._ops):
+            if h is not None:
+                h.close()
+        self._worker = None
+        if self.container is not None:
+            try:
+                self.container.remove(force=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+        _OPEN.discard(self)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"episode {self.id} is closed")
+
+    # ------------------------------------------------------------------ processes
+    def _exec_argv(self, cmd: list[str], env: dict | None = None) -> list[str]:
+        a = [self.runtime.cli, "exec", "-i", "-w", self.workdir]
+        for k, v in (env or {}).items():
+            a += ["-e", f"{k}={v}"]
+        return a + [self.container.id, *cmd]
+
+    def _exec(self, argv: list[str], timeout: float, stdin_bytes: bytes | None = None,
+              env: dict | None = None, cap: int | None = None) -> ExecResult:
+        """One `docker exec`; on timeout the command's whole tree is killed."""
+        cap = cap or self.limits.max_output_chars
+        full = self._exec_argv(["/bin/sh", "-c", _WRAP, "sh", *argv], env)
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(full, stdin=subprocess.PIPE if stdin_bytes is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as e:
+            return ExecResult(None, "", "", False, time.monotonic() - t0, f"docker exec failed to spawn: {e}")
+        out, err = _Capped(proc.stdout, cap * 4), _Capped(proc.stderr, cap * 4 + 64)
+        if stdin_bytes is not None:
+            def feed():
+                try:
+                    proc.stdin.write(stdin_bytes)
+                    proc.stdin.close()
+                except OSError:
+                    pass
+            threading.Thread(target=feed, daemon=True).start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        dt = time.monotonic() - t0
+        so, se = out.join(), err.join()
+        stderr = se.decode("utf-8", "replace")
+        root_pid = None
+        if stderr.startswith(_MARK):
+            head, _, rest = stderr[len(_MARK):].partition("\x1e")
+            root_pid, stderr = (int(head) if head.isdigit() else None), rest
+        if timed_out:
+            self._kill_tree(root_pid)
+        infra = None
+        if root_pid is None and not timed_out:
+            infra = f"docker exec did not start the command (exit {proc.returncode}): {stderr.strip()[:500]}"
+        stdout = _text(so, cap, out.dropped)
+        stderr = _text(stderr.encode(), cap, max(err.dropped, 0))
+        return ExecResult(None if timed_out else proc.returncode, stdout, stderr, timed_out, dt, infra)
+
+    def _kill_tree(self, root_pid: int | None) -> None:
+        try:
+            self._ops.call({"op": "sweep", "roots": [root_pid] if root_pid else []}, timeout=10)
+            if root_pid is not None:
+                return
+        except Exception:  # noqa: BLE001 - fall through to the full reset
+            pass
+        self._reset_processes()
+
+    def _sweep(self) -> None:
+        """Kill whatever the agent's code left running (orphans of finished commands/tests)."""
+        try:
+            self._ops.call({"op": "sweep", "roots": []}, timeout=10)
+        except Exception:  # noqa: BLE001
+            self._reset_processes()
+
+    def _reset_processes(self) -> None:
+        """Kill every process but pid 1 (even at the pids limit: pid 1 does it, on a signal)."""
+        for h in (self._worker, self._ops):
+            if h is not None and getattr(h, "proc", None) is not None:
+                h.close()
+        self._worker = None
+        try:
+            self.container.kill(signal="SIGUSR1")
+        except Exception:  # noqa: BLE001 - the container is gone: the next call reports it
+            return
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            try:
+                if len(self.processes()) <= 1:
+                    return
+            except Exception:  # noqa: BLE001
+                return
+            time.sleep(0.02)
+
+    def processes(self) -> list[str]:
+        """Command lines of the processes in the container, seen from the engine (`docker top`)."""
+        top = self.container.top(ps_args="-o pid,args")
+        return [" ".join(p[1:]) for p in top.get("Processes") or []]
+
+    def health(self) -> str | None:
+        """None when the container is running, else why not (judged from outside it)."""
+        try:
+            self.container.reload()
         except Exception as e:  # noqa: BLE001
-            return ExecResult(None, "", "", False, time.monotonic() - t0, f"docker exec failed: {e}")
-        out, err = (r.output or (b"", b""))
-        cap = self.limits.max_output_chars
-        timed_out = r.exit_code == 137 and time.monotonic() - t0 >= t - 0.5
-        return ExecResult(None if timed_out else r.exit_code, (out or b"").decode(errors="replace")[:cap],
-                          (err or b"").decode(errors="replace")[:cap], timed_out, time.monotonic() - t0)
+            return f"the container is gone: {e}"
+        st = self.container.attrs.get("State", {})
+        if st.get("Status") != "running":
+            return f"the container is {st.get('Status')} (exit {st.get('ExitCode')}, OOMKilled={st.get('OOMKilled')})"
+        return None
 
-    def run(self, cmd: str | list[str], timeout: float | None = None) -> ExecResult:
-        return self._sh(cmd if isinstance(cmd, str) else shlex.join(cmd), timeout)
+    def run(self, cmd: str | list[str], timeout: float | None = None, *, stdin: str | None = None,
+            env: dict | None = None) -> ExecResult:
+        """Run a shell string (`sh -c`) or an argv list in the container, cwd = the workdir."""
+        self._check_open()
+        t = min(timeout or self.limits.wall_s, self.limits.wall_s)
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        r = self._exec(argv, t, None if stdin is None else stdin.encode(), env)
+        if not r.timed_out:
+            self._sweep()
+        if r.infra_error:
+            bad = self.health() or self.runtime.health_probe(self.image)
+            if bad is None:      # the engine is fine: this episode's own state broke the command
+                self._reset_processes()
+                return ExecResult(r.returncode if r.returncode is not None else 125, r.stdout,
+                                  (r.stderr + "\n" if r.stderr else "") +
+                                  f"[the sandbox could not run the command in this episode's state: "
+                                  f"{r.infra_error[:300]}]", r.timed_out, r.duration_s, None)
+            r.infra_error = f"{r.infra_error}; health probe: {bad}"
+        return r
 
-    def read_file(self, path: str) -> str:
-        r = self._sh(f"cat -- {shlex.quote(path)}")
-        if r.returncode != 0:
-            raise FileNotFoundError(path)
+    def apply_patch(self, patch: str) -> ExecResult:
+        """`git apply` a unified diff in the workdir (e.g. SWE-bench's test_patch)."""
+        return self.run(["git", "apply", "--whitespace=nowarn", "-"], stdin=patch)
+
+    def run_tests(self, test_ids=None, *, coverage: bool = False, timeout: float | None = None) -> TestReport:
+        """Run pytest node ids (all when None) in the warm per-episode worker inside the container."""
+        self._check_open()
+        L = self.limits
+        t = min(timeout or L.wall_s, max(L.wall_s, getattr(L, "verify_s", L.wall_s)))
+        rep = self._run_tests_raw(test_ids, coverage, t)
+        self._sweep()
+        if rep.infra_error:
+            bad = self.health() or self.runtime.health_probe(self.image)
+            if bad is None:
+                return _report({tid: "error" for tid in (test_ids or ())}, None, rep.duration_s,
+                               None, False, None, rep.output, agent_fault=rep.infra_error)
+            rep.infra_error = f"{rep.infra_error}; health probe: {bad}"
+        return rep
+
+    def _run_tests_raw(self, test_ids, coverage: bool, timeout: float) -> TestReport:
+        from sandboxes.pytest_worker import PytestWorkerClient
+        if self._worker is None:
+            self._worker = PytestWorkerClient(self._runner, self.workdir, str(self.dir / "worker.stderr"))
+        t0 = time.monotonic()
+        resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars)
+        dt = time.monotonic() - t0
+        if resp.get("error"):
+            self._reset_processes()        # closes the worker; the next call starts a fresh one
+            return _report({}, None, dt, resp["error"], output=resp.get("output", ""))
+        cov = resp.get("coverage")
+        if cov is not None:
+            cov = {tid: {f: set(ls) for f, ls in files.items()} for tid, files in cov.items()}
+        outcomes = resp.get("outcomes") or {}
+        if resp.get("timed_out"):
+            outcomes = {t: "error" for t in (test_ids or ())}   # the policy's code hung
+        return _report(outcomes, cov, dt, None, bool(resp.get("timed_out")), resp.get("exit_code"),
+                       resp.get("output", ""))
+
+    # ------------------------------------------------------------------ files
+    def _rel(self, path: str) -> str:
+        return _split(path, self.workdir)
+
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+        self._check_open()
+        rel = self._rel(path)
+        if not rel:
+            raise IsADirectoryError(path)
+        return base64.b64decode(self._ops.call({"op": "read", "path": rel, "max": max_bytes})["data"])
+
+    def read_file(self, path: str, max_chars: int | None = None) -> str:
+        data = self.read_bytes(path, None if max_chars is None else max_chars * 4)
+        text = data.decode("utf-8", "replace")
+        return text if max_chars is None else text[:max_chars]
+
+    def write_bytes(self, path: str, data: bytes) -> str:
+        """Write (create or replace) a file; returns its normalised relative path."""
+        self._check_open()
+        if len(data) > self.limits.max_file_mb * 1024 * 1024:
+            raise ValueError(f"file too large for this episode: {len(data)} bytes")
+        rel = self._rel(path)
+        if not rel or rel.split("/")[0] == ".git":
+            raise PathEscape(f"refusing to write {path!r}")
+        return self._ops.call({"op": "write", "path": rel, "data": base64.b64encode(data).decode()})["path"]
+
+    def write_file(self, path: str, text: str) -> str:
+        return self.write_bytes(path, text.encode())
+
+    def delete_file(self, path: str) -> None:
+        self._check_open()
+        rel = self._rel(path)
+        if not rel or rel.split("/")[0] == ".git":
+            raise PathEscape(f"refusing to delete {path!r}")
+        self._ops.call({"op": "delete", "path": rel})
+
+    def list_files(self, path: str = ".") -> list[str]:
+        self._check_open()
+        return self._ops.call({"op": "list", "path": self._rel(path)})["files"]
+
+    def disk_usage(self) -> int:
+        """Bytes the workdir tmpfs holds now (its size is the quota: limits.disk_mb)."""
+        self._check_open()
+        return int(self._ops.call({"op": "usage"})["bytes"])
+
+    # ------------------------------------------------------------------ for verifiers
+    def _staged_git(self, *args: str) -> str:
+        """git over the workdir against the read-only snapshot, staged in a fresh scratch index."""
+        self._check_open()
+        g = " ".join(_q(a) for a in ["git", *_GIT_SAFE, f"--git-dir={GITDIR}", f"--work-tree={self.workdir}"])
+        junk = " ".join(_q(j) for j in _JUNK)
+        script = ("set -e; s=$(mktemp -d); trap 'rm -rf \"$s\"' EXIT; mkdir \"$s/objects\"; "
+                  "export GIT_INDEX_FILE=\"$s/index\" GIT_OBJECT_DIRECTORY=\"$s/objects\" "
+                  f"GIT_ALTERNATE_OBJECT_DIRECTORIES={GITDIR}/objects GIT_CONFIG_NOSYSTEM=1 "
+                  "GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_NOSYSTEM=1 HOME=/nonexistent LC_ALL=C; "
+                  f"{g} add --all --force -- . {junk}; "
+                  f"{g} {' '.join(_q(a) for a in args)}")
+        # the output is never capped below what the workdir can hold (a diff comes back whole)
+        r = self._exec(["/bin/sh", "-c", script], timeout=max(self.limits.wall_s, 120),
+                       cap=4 * self.disk_mb * 1024 * 1024 + 65536)
+        if r.infra_error or r.returncode != 0 or r.stdout.endswith("more bytes) ...]"):
+            raise RuntimeError(f"git in the container failed: {r.infra_error or r.stderr.strip()[:500] or 'output too large'}")
         return r.stdout
 
     def diff(self) -> str:
-        return self._sh(f"git add -A && git diff --cached --no-color {self.commit}").stdout
+        """Unified diff (git, --binary) of the workdir against the pinned commit."""
+        return self._staged_git("diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv",
+                                "--no-renames", "--binary", self.commit)
 
     def changed_paths(self) -> list[str]:
-        out = self._sh(f"git add -A && git diff --cached --name-only {self.commit}").stdout
-        return sorted(p for p in out.splitlines() if p)
+        """Relative paths added, modified or deleted since the pinned commit (sorted)."""
+        out = self._staged_git("diff", "--cached", "--name-only", "--no-renames", "-z", self.commit)
+        return sorted(p for p in out.split("\0") if p)
 
-    def close(self) -> None:
+    def pristine_bytes(self, path: str) -> bytes | None:
+        """The file at the pinned commit, read on the host from the snapshot."""
+        from sandboxes.worktree import GitError
         try:
-            self.container.remove(force=True)
-        except Exception:  # noqa: BLE001 - already gone
+            rel = self._rel(path)
+        except PathEscape:
+            return None
+        if not rel:
+            return None
+        try:
+            return git(f"--git-dir={self.snapshot.gitdir}", "cat-file", "blob", f"{self.commit}:{rel}", text=False)
+        except GitError:
+            return None
+
+
+def _q(s: str) -> str:
+    import shlex
+    return shlex.quote(s)
+
+
+def _ulimits(L) -> list:
+    from docker.types import Ulimit
+    fsize = int(L.max_file_mb) * 1024 * 1024
+    cpu = int(max(getattr(L, "cpu_s", 0) or 0, L.wall_s))
+    return [Ulimit(name="fsize", soft=fsize, hard=fsize), Ulimit(name="core", soft=0, hard=0),
+            Ulimit(name="cpu", soft=cpu, hard=cpu + 1), Ulimit(name="nofile", soft=4096, hard=4096)]
+
+
+def _env() -> dict[str, str]:
+    """The whole environment of every process in the container (nothing from the host)."""
+    return {"HOME": "/tmp", "TMPDIR": "/tmp", "USER": "sandbox", "LOGNAME": "sandbox",
+            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC", "TERM": "dumb",
+            "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
+            "PYTHONUNBUFFERED": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+            "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
+
+
+@atexit.register
+def _close_open_episodes() -> None:
+    for ep in list(_OPEN):
+        try:
+            ep.close()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
