@@ -30,6 +30,8 @@ import msgspec
 import orjson
 import pyarrow as pa
 
+from ratchet.readers import dumps
+
 SCHEMA_VERSION = "ratchet.trajectory/v1"
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -323,7 +325,7 @@ def _text(content: Any, path: str) -> str | None:
             elif isinstance(p, str):
                 out.append(p)
             else:
-                out.append(orjson.dumps(p).decode())
+                out.append(dumps(p).decode())
         return "\n".join(out)
     raise RecordError("wrong_type", f"{path}.content must be a string, a list of parts or null")
 
@@ -340,7 +342,7 @@ def _check_calls(tcs: Any, path: str, open_calls: set) -> int:
         if type(args) is not str and args is not None:
             if not isinstance(args, (dict, list)):
                 raise RecordError("wrong_type", f"{path}.tool_calls[{j}].function.arguments must be a JSON string")
-            fn["arguments"] = orjson.dumps(args).decode()  # OpenAI form: arguments are JSON text
+            fn["arguments"] = dumps(args).decode()  # OpenAI form: arguments are JSON text (big ints exact)
         if "type" not in c:
             c["type"] = "function"
         open_calls.add(cid)
@@ -487,16 +489,23 @@ _hashed_values = itemgetter(*CONTENT_NAMES[1:])
 
 def _tools_json(tools: list) -> str | None:
     """Tool schemas as given (key order kept: it is the parameter order a model is shown)."""
-    return orjson.dumps(tools).decode() if tools else None
+    return dumps(tools).decode() if tools else None
 
 
-def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages: bool = False) -> dict:
+def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages: bool = False,
+              derive_ids: bool = False) -> dict:
     """Validate one native record and return its content row (CONTENT_FIELDS keys; nested
     columns as JSON text). May rewrite non-canonical tool-call arguments in `rec` in place.
 
+    `derive_ids` (generic chat logs, which carry no task): a missing `task_id` becomes
+    `prompt:` + the first 16 hex digits of sha256(prompt_text) (the system prompt and first user
+    message: the same task asked twice gets one id), a missing `trajectory_id` becomes `chat:` +
+    24 hex digits of sha256 over the canonical messages and tools; each derived name is listed in
+    `extra.ratchet_derived`, so governance can tell a derived id from a given one.
+
     Raises RecordError with a stable code; the caller quarantines the raw payload."""
     try:
-        return _normalise(rec, source_format, allow_empty_messages)
+        return _normalise(rec, source_format, allow_empty_messages, derive_ids)
     except RecursionError:
         raise RecordError("too_deep", "the record nests too deeply to read") from None
     except (orjson.JSONEncodeError, msgspec.EncodeError, OverflowError) as e:  # an int beyond 64 bits, or depth
@@ -504,7 +513,15 @@ def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages
         raise RecordError(code, f"a nested value cannot be stored as JSON: {e}") from None
 
 
-def _normalise(rec: Any, source_format: str, allow_empty_messages: bool) -> dict:
+DERIVED_KEY = "ratchet_derived"
+
+
+def derived_task_id(prompt: str, messages_text: str) -> str:
+    """The documented task identity of a chat log without one (see `normalise`)."""
+    return "prompt:" + hashlib.sha256((prompt or messages_text).encode()).hexdigest()[:16]
+
+
+def _normalise(rec: Any, source_format: str, allow_empty_messages: bool, derive_ids: bool = False) -> dict:
     if not isinstance(rec, dict):
         raise RecordError("not_object", f"a record must be a JSON object, got {type(rec).__name__}")
     sv = rec.get("schema_version") or SCHEMA_VERSION
@@ -512,8 +529,14 @@ def _normalise(rec: Any, source_format: str, allow_empty_messages: bool) -> dict
         raise RecordError("unsupported_version", f"schema_version {sv!r:.60} (this reader knows {SCHEMA_VERSION})")
     if "trajectory_id" not in rec and "id" in rec:
         rec = {**rec, "trajectory_id": rec["id"]}
-    tid = _req_id(rec, "trajectory_id")
-    task = _req_id(rec, "task_id")
+    derived = []
+    if derive_ids:
+        tid = _opt_str(rec, "trajectory_id")
+        task = _opt_str(rec, "task_id")
+        tid, task = (tid if tid and tid.strip() else None), (task if task and task.strip() else None)
+    else:
+        tid = _req_id(rec, "trajectory_id")
+        task = _req_id(rec, "task_id")
     msgs = rec.get("messages")
     n_turns, n_calls = _messages(msgs)
     if not msgs and not allow_empty_messages:
@@ -521,6 +544,14 @@ def _normalise(rec: Any, source_format: str, allow_empty_messages: bool) -> dict
     tools = rec.get("tools") or []
     if not isinstance(tools, list):
         raise RecordError("wrong_type", "tools must be a list of function schemas")
+    mtext = messages_json(msgs)
+    if derive_ids and (tid is None or task is None):
+        if task is None:
+            task = derived_task_id(prompt_text(msgs), mtext)
+            derived.append("task_id")
+        if tid is None:
+            tid = "chat:" + hashlib.sha256(f"{mtext}\0{_tools_json(tools) or ''}".encode()).hexdigest()[:24]
+            derived.append("trajectory_id")
     deliverable, outcome, usage, env = (_sub(rec, k) for k in ("deliverable", "outcome", "usage", "environment"))
     patch = deliverable.get("patch")
     if patch is not None and not isinstance(patch, str):
@@ -535,13 +566,15 @@ def _normalise(rec: Any, source_format: str, allow_empty_messages: bool) -> dict
     unknown = {k: v for k, v in rec.items() if k not in _MAPPED}
     if unknown:
         extra = {**extra, **unknown}
+    if derived:
+        extra = {**extra, DERIVED_KEY: sorted(derived)}
     row = {
         "trajectory_id": tid, "schema_version": SCHEMA_VERSION,
         "source_format": source_format,
         "tenant_id": _opt_str(rec, "tenant_id"), "consent_id": _opt_str(rec, "consent_id"),
         "task_id": task, "repo": _opt_str(rec, "repo"), "issue_id": _opt_str(rec, "issue_id"),
         "agent_id": _opt_str(rec, "agent_id"), "started_at": started, "ended_at": ended,
-        "messages": messages_json(msgs), "tools": _tools_json(tools),
+        "messages": mtext, "tools": _tools_json(tools),
         "approvals": orjson.dumps(_approvals(rec.get("approvals"))).decode(), "patch": patch,
         "tests_passed": _opt_bool(outcome, "tests_passed", "outcome.tests_passed"),
         "accepted": _opt_bool(outcome, "accepted", "outcome.accepted"),
@@ -553,7 +586,7 @@ def _normalise(rec: Any, source_format: str, allow_empty_messages: bool) -> dict
         "environment_id": _opt_str(env, "id" if env is not rec else "environment_id", "environment.id"),
         "environment_digest": _opt_str(env, "digest" if env is not rec else "environment_digest", "environment.digest"),
         "prompt_text": prompt_text(msgs), "n_messages": len(msgs), "n_turns": n_turns, "n_tool_calls": n_calls,
-        "extra": orjson.dumps(extra, option=orjson.OPT_SORT_KEYS).decode() if extra else None,
+        "extra": dumps(extra, sort_keys=True).decode() if extra else None,
     }
     row["record_id"] = content_hash(row)
     return row

@@ -1,8 +1,12 @@
 """The DuckDB warehouse: one file under RATCHET_HOME, every table and view analysts query.
 
 Trajectories are the one large, append-only table: they live as a Parquet dataset beside the
-DuckDB file (`lake/trajectories/*.parquet`, one zstd part per ingest chunk, written atomically)
-and `trajectories` is a DuckDB view over it. Measured on 5.8 KB records: a native DuckDB insert
+DuckDB file (`lake/trajectories/*.parquet`, zstd parts) and `trajectories` is a DuckDB view over
+the parts listed in the `lake_parts` table. A part on disk but not listed is invisible: an ingest
+renames its parts into the lake and then, in one DuckDB transaction, lists them and inserts its
+quarantine, `ingest_files` and `ingest_batches` rows, so a batch appears whole or not at all;
+compaction swaps merged parts for their sources in one transaction the same way. Unlisted parts
+and `.staging-*` folders left by a killed run are removed by the next ingest (`clean_debris`). Measured on 5.8 KB records: a native DuckDB insert
 plus checkpoint cost ~45-60 us/row, a zstd Parquet part ~12 us/row at a third of the size.
 Every other table is a native DuckDB table.
 
@@ -43,6 +47,14 @@ QUARANTINE_SCHEMA = pa.schema([
     pa.field("batch_id", pa.string()),
     pa.field("quarantined_at", pa.timestamp("us", tz="UTC")),
 ])
+# Added after v1 (ALTER TABLE on existing warehouses): a truncated line later completed and accepted.
+QUARANTINE_LATE_DDL = ("superseded_by VARCHAR", "superseded_at TIMESTAMPTZ")
+INGEST_FILES_LATE_DDL = ("status VARCHAR", "skip_reason VARCHAR", "skip_detail VARCHAR", "compression VARCHAR",
+                         "encoding VARCHAR")
+LAKE_PARTS_DDL = """
+CREATE TABLE IF NOT EXISTS lake_parts (
+  name VARCHAR PRIMARY KEY, batch_id VARCHAR, "rows" BIGINT, bytes BIGINT, added_at TIMESTAMPTZ)
+"""
 
 INGEST_BATCHES_DDL = """
 CREATE TABLE IF NOT EXISTS ingest_batches (
@@ -62,7 +74,11 @@ _MSG_COLS = ", ".join(f"m.{f.name} AS {f.name}" for f in MESSAGE)
 VIEWS = {
     "v_quarantine_reasons": """
         SELECT reason_code, count(*) AS records, count(DISTINCT source_file) AS files,
-               any_value(reason) AS example FROM quarantine GROUP BY 1 ORDER BY 2 DESC""",
+               any_value(reason) AS example, count(superseded_by) AS superseded
+        FROM quarantine GROUP BY 1 ORDER BY 2 DESC""",
+    "v_quarantine_open": "SELECT * FROM quarantine WHERE superseded_by IS NULL",
+    "v_skipped_files": """
+        SELECT batch_id, source_file, skip_reason, skip_detail FROM ingest_files WHERE status = 'skipped'""",
     "v_trajectories_by_format": """
         SELECT source_format, count(*) AS trajectories, avg(n_turns) AS mean_turns,
                avg(n_tool_calls) AS mean_tool_calls, sum(cost_usd) AS cost_usd
@@ -120,6 +136,29 @@ class Warehouse:
     def trajectory_dir(self) -> Path:
         return self.lake / "trajectories"
 
+    def part_names(self, con=None) -> list[str]:
+        with (self.connect() if con is None else _same(con)) as c:
+            return [r[0] for r in c.execute("SELECT name FROM lake_parts ORDER BY name").fetchall()]
+
+    def clean_debris(self) -> int:
+        """Remove what a killed or failed run left in the lake: `.staging-*` folders, temp files
+        and parts no `lake_parts` row lists. Call with the ingest lock held. Returns the count."""
+        import shutil
+
+        d = self.trajectory_dir
+        if not d.exists():
+            return 0
+        listed = set(self.part_names())
+        n = 0
+        for p in d.iterdir():
+            if p.name.startswith(".staging-") or p.name.startswith(".compact-") or p.name.endswith(".tmp"):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                n += 1
+            elif p.suffix == ".parquet" and p.name != "_empty.parquet" and p.name not in listed:
+                p.unlink(missing_ok=True)
+                n += 1
+        return n
+
     @contextmanager
     def ingest_lock(self) -> Iterator[None]:
         """Ingests run one at a time (each dedups against what the last one wrote); queries don't wait."""
@@ -131,20 +170,25 @@ class Warehouse:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def write_trajectories(self, table: pa.Table, name: str) -> Path:
-        """Append one immutable Parquet part (temp file + rename: readers never see half a file)."""
+    def write_trajectories(self, table: pa.Table, name: str, listed: bool = True) -> Path:
+        """Append one immutable Parquet part (temp file + rename: readers never see half a file)
+        and list it in `lake_parts` (visible). Ingest stages and commits its parts instead."""
         self.trajectory_dir.mkdir(parents=True, exist_ok=True)
         final = self.trajectory_dir / f"{name}.parquet"
         tmp = final.with_name(f".{final.name}.tmp")
         write_part(table, tmp)
         os.replace(tmp, final)
+        if listed:
+            with self.connect() as con:
+                con.execute("INSERT OR REPLACE INTO lake_parts VALUES (?, NULL, ?, ?, now())",
+                            [final.name, table.num_rows, final.stat().st_size])
         return final
 
     def trajectory_ids(self) -> set[str]:
         """record_ids already stored (one column of the lake: ~1 s per million rows)."""
         import pyarrow.dataset as ds
 
-        parts = sorted(self.trajectory_dir.glob("*.parquet"))
+        parts = [self.trajectory_dir / n for n in self.part_names()]
         if not parts:
             return set()
         return set(ds.dataset(parts, format="parquet").to_table(columns=["record_id"]).column(0).to_pylist())
@@ -197,16 +241,142 @@ class Warehouse:
             self.trajectory_dir.mkdir(parents=True, exist_ok=True)
             empty = self.trajectory_dir / "_empty.parquet"  # read_parquet needs one file to match
             if not empty.exists():
-                self.write_trajectories(STORED_SCHEMA.empty_table(), "_empty")
+                self.write_trajectories(STORED_SCHEMA.empty_table(), "_empty", listed=False)
             glob = str(self.trajectory_dir / "*.parquet").replace("'", "''")
+            fresh = not c.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'lake_parts'"
+                                  ).fetchall()[0][0]
+            c.execute(LAKE_PARTS_DDL)
+            if fresh:  # a lake written before parts were listed: every part on disk is committed
+                self._list_existing(c)
+            # Only listed parts are visible (by file name, so the home folder can move).
             c.execute(f"""CREATE OR REPLACE VIEW trajectories AS
                 SELECT * EXCLUDE (filename), count(*) OVER (PARTITION BY trajectory_id) > 1 AS id_clash
-                FROM read_parquet('{glob}', filename = true)""")
+                FROM read_parquet('{glob}', filename = true)
+                WHERE parse_filename(filename) IN (SELECT name FROM lake_parts)""")
             c.execute(duck_ddl("quarantine", QUARANTINE_SCHEMA))
             c.execute(INGEST_BATCHES_DDL)
             c.execute(INGEST_FILES_DDL)
+            for col in QUARANTINE_LATE_DDL:
+                c.execute(f"ALTER TABLE quarantine ADD COLUMN IF NOT EXISTS {col}")
+            for col in INGEST_FILES_LATE_DDL:
+                c.execute(f"ALTER TABLE ingest_files ADD COLUMN IF NOT EXISTS {col}")
             for name, sql in VIEWS.items():
                 c.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+
+    def _list_existing(self, con) -> None:
+        import pyarrow.parquet as pq
+
+        for p in sorted(self.trajectory_dir.glob("*.parquet")):
+            if p.name == "_empty.parquet":
+                continue
+            meta = pq.read_metadata(p)
+            batch = p.name.split("-")[0] if len(p.name.split("-")[0]) == 32 else None
+            con.execute("INSERT INTO lake_parts VALUES (?, ?, ?, ?, now()) ON CONFLICT DO NOTHING",
+                        [p.name, batch, meta.num_rows, p.stat().st_size])
+
+    def commit_batch(self, batch_id: str, parts: list[tuple[Path, int]], qparts: list[Path], batch_row: list,
+                     file_rows: "pa.Table", summary_json=None) -> dict:
+        """Make one ingest batch visible at once: rename its staged parts into the lake (unlisted,
+        so invisible), then one transaction lists them and inserts the quarantine rows, the
+        per-file rows and the batch row. A truncated line this batch completed is linked to its
+        record (`quarantine.superseded_by`). Returns {"id_clashes", "superseded"}."""
+        names = []
+        for i, (p, rows) in enumerate(parts):
+            name = f"{batch_id}-{i:05d}.parquet"
+            os.replace(p, self.trajectory_dir / name)
+            names.append((name, rows, (self.trajectory_dir / name).stat().st_size))
+        qcols = ", ".join(f'"{f.name}"' for f in QUARANTINE_SCHEMA)
+        with self.connect() as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                for name, rows, size in names:
+                    con.execute("INSERT INTO lake_parts VALUES (?, ?, ?, ?, now())", [name, batch_id, rows, size])
+                if qparts:
+                    files = ", ".join("'" + str(q).replace("'", "''") + "'" for q in qparts)
+                    con.execute(f"INSERT INTO quarantine ({qcols}) SELECT {qcols} FROM read_parquet([{files}])")
+                clashes = superseded = 0
+                if names:
+                    clashes = con.execute("SELECT count(*) FROM trajectories WHERE batch_id = ? AND id_clash",
+                                          [batch_id]).fetchall()[0][0]
+                    superseded = con.execute("""
+                        UPDATE quarantine q SET superseded_by = t.record_id, superseded_at = now()
+                        FROM (SELECT record_id, source_file, source_line FROM trajectories WHERE batch_id = ?) t
+                        WHERE q.source_file = t.source_file AND q.source_line = t.source_line
+                          AND q.reason_code = 'truncated_json' AND q.superseded_by IS NULL""",
+                                             [batch_id]).fetchall()[0][0]
+                batch_row[12] = clashes
+                if summary_json is not None:
+                    batch_row[13] = summary_json({"id_clashes": clashes, "superseded": superseded})
+                con.execute("INSERT INTO ingest_batches VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", batch_row)
+                fr = file_rows  # noqa: F841  (read by DuckDB by name)
+                cols = ", ".join(f'"{n}"' for n in file_rows.column_names)
+                con.execute(f"INSERT INTO ingest_files ({cols}) SELECT {cols} FROM fr")
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                for name, _, _ in names:
+                    (self.trajectory_dir / name).unlink(missing_ok=True)
+                raise
+        return {"id_clashes": clashes, "superseded": superseded}
+
+    def compact(self, small_bytes: int = 32 << 20, target_bytes: int = 128 << 20, min_parts: int = 2) -> dict:
+        """Merge parts smaller than `small_bytes` into parts of about `target_bytes` (streamed: one
+        source part in memory at a time), then swap them in one transaction. Call with the ingest
+        lock held (`ratchet compact` and ingest do). Returns {"merged", "written"}."""
+        import uuid
+
+        import pyarrow.parquet as pq
+
+        with self.connect() as con:
+            small = con.execute('SELECT name, "rows", bytes FROM lake_parts WHERE bytes < ? ORDER BY name',
+                                [small_bytes]).fetchall()
+        if len(small) < min_parts:
+            return {"merged": 0, "written": 0}
+        cid = uuid.uuid4().hex[:12]
+        tmpdir = self.trajectory_dir / f".compact-{cid}"
+        tmpdir.mkdir(parents=True, exist_ok=True)
+        out: list[tuple[Path, int]] = []
+        writer, rows, written = None, 0, 0
+        try:
+            for name, _, _ in small:
+                t = pq.read_table(self.trajectory_dir / name, schema=STORED_SCHEMA)
+                if writer is None:
+                    path = tmpdir / f"c{cid}-{len(out):05d}.parquet"
+                    writer = pq.ParquetWriter(path, STORED_SCHEMA, compression="zstd", use_dictionary=_DICT_COLUMNS,
+                                              write_statistics=[n for n in STORED_SCHEMA.names if n not in _LONG_COLUMNS])
+                    out.append((path, 0))
+                    rows = written = 0
+                writer.write_table(t, row_group_size=16384)
+                rows += t.num_rows
+                written += (self.trajectory_dir / name).stat().st_size
+                out[-1] = (out[-1][0], rows)
+                if written >= target_bytes:
+                    writer.close()
+                    writer = None
+            if writer is not None:
+                writer.close()
+            with self.connect() as con:
+                for p, _ in out:
+                    os.replace(p, self.trajectory_dir / p.name)
+                con.execute("BEGIN TRANSACTION")
+                try:
+                    con.execute("DELETE FROM lake_parts WHERE name IN (SELECT unnest(?))", [[n for n, _, _ in small]])
+                    for p, r in out:
+                        con.execute("INSERT INTO lake_parts VALUES (?, NULL, ?, ?, now())",
+                                    [p.name, r, (self.trajectory_dir / p.name).stat().st_size])
+                    con.execute("COMMIT")
+                except BaseException:
+                    con.execute("ROLLBACK")
+                    for p, _ in out:
+                        (self.trajectory_dir / p.name).unlink(missing_ok=True)
+                    raise
+                for name, _, _ in small:  # unlisted now: invisible; removed while no reader can hold them
+                    (self.trajectory_dir / name).unlink(missing_ok=True)
+        finally:
+            import shutil
+
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        return {"merged": len(small), "written": len(out)}
 
     def query(self, sql: str, params: list | None = None) -> "pa.Table":
         with self.connect() as con:

@@ -2,7 +2,9 @@
 
 `history` is the chat the model saw. With function calling it already holds `tool_calls` and
 `tool` messages (ids in `tool_call_ids`); otherwise each `trajectory` step (thought, action,
-observation) becomes an assistant turn with one tool call and its result."""
+observation) becomes an assistant turn with one tool call and its result. A file that holds only
+`history` (no `trajectory`) is read from it: an assistant message's `action` becomes a `bash`
+call and the next observation its result. Per-message keys (`agent`, `message_type`, ...) are kept."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +15,9 @@ NAME = "swe_agent"
 
 
 def matches(rec: dict) -> bool:
-    return isinstance(rec.get("trajectory"), list) and (
-        isinstance(rec.get("info"), dict) or isinstance(rec.get("history"), list))
+    return (isinstance(rec.get("trajectory"), list) and (
+        isinstance(rec.get("info"), dict) or isinstance(rec.get("history"), list))) or (
+        isinstance(rec.get("history"), list) and "messages" not in rec)
 
 
 def _from_history(history: list) -> list[dict] | None:
@@ -32,6 +35,28 @@ def _from_history(history: list) -> list[dict] | None:
             ids = m.get("tool_call_ids") or [m.get("tool_call_id")]
             msg["tool_call_id"] = ids[0] if ids else None
         out.append(msg)
+    return out
+
+
+def _history_only(history: list) -> list:
+    """A history without function calls: `action` of an assistant message is its bash call."""
+    out: list = []
+    pending = None
+    for i, m in enumerate(history):
+        if not isinstance(m, dict):
+            out.append(m)
+            continue
+        m = {k: v for k, v in m.items() if k != "tool_call_ids"}
+        if m.get("role") == "assistant" and isinstance(m.get("action"), str) and m["action"].strip():
+            pending = f"step_{i}"
+            out.append({**m, "tool_calls": [tool_call(pending, "bash", {"command": m["action"]})]})
+            continue
+        if m.get("role") == "user" and pending is not None:
+            out.append({**m, "role": "tool", "tool_call_id": pending})
+            pending = None
+            continue
+        pending = None
+        out.append(m)
     return out
 
 
@@ -58,7 +83,10 @@ def to_native(rec: dict, source: Path | None) -> dict:
     stats = info.get("model_stats") if isinstance(info.get("model_stats"), dict) else {}
     history = rec.get("history") if isinstance(rec.get("history"), list) else []
     inst = rec.get("instance_id") or info.get("instance_id") or instance_from_path(source, (".traj",))
-    msgs = _from_history(history) or _from_steps(history, rec.get("trajectory") or [])
+    if not isinstance(rec.get("trajectory"), list):
+        msgs = _from_history(history) or _history_only(history)
+    else:
+        msgs = _from_history(history) or _from_steps(history, rec.get("trajectory") or [])
     steps = rec.get("trajectory") or []
     secs = [s.get("execution_time") for s in steps if isinstance(s, dict)]
     latency = sum(x for x in secs if isinstance(x, (int, float))) if secs else None

@@ -1,7 +1,8 @@
 """The native fast path (`ratchet.native.fast_row`) against the general path (`contract.normalise`).
 
 The fast path is conservative: for ANY payload, if `fast_row(payload, attribution)` returns a row,
-the general path (orjson.loads, the batch attribution applied as `ingest._normalise_chunk` applies
+the general path (`readers.loads`: orjson, or msgspec where a run of 19+ digits may hold an integer
+beyond 64 bits, as ingest reads it; the batch attribution applied as `ingest._normalise_chunk` applies
 it, then `normalise`) must accept the same record and produce exactly the same row; whenever the
 general path does not accept a record (orjson cannot read it, `normalise` raises RecordError, or it
 crashes), the fast path must have returned None. The only payloads left out of the property are the
@@ -62,9 +63,11 @@ def _attributed(rec, attribution: dict):
 def _general(payload: bytes, attribution: dict):
     """(kind, detail, decoded): kind is ok (detail = the row), bad_json, rejected (detail = the
     RecordError code) or crashed (normalise raised something other than RecordError: a bug)."""
+    from ratchet.readers import loads
+
     try:
-        obj = orjson.loads(payload)
-    except orjson.JSONDecodeError as e:
+        obj = loads(payload)
+    except ValueError as e:  # orjson.JSONDecodeError or msgspec's, as ingest._decode catches them
         return "bad_json", str(e), None
     try:
         native = adapters.detect(obj) == adapters.NATIVE
