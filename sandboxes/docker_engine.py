@@ -12,7 +12,7 @@ Steps, each skipped when already done:
    background (its own data root, pid file and log under the cache dir; no bridge network, no
    iptables: containers only ever use `network_mode="none"`) and wait until it answers;
 3. build `ratchet-sandbox-base:<tag>` once, without any registry:
-   `debootstrap --variant=minbase --include=python3,python3-pytest,git bookworm ROOT MIRROR`
+   `debootstrap --variant=minbase --include=python3,python3-pytest,python-is-python3,git bookworm ROOT MIRROR`
    (MIRROR from the host's apt sources), then `tar -C ROOT -c . | docker import -`.
 
 The cache dir is `$RATCHET_DOCKER_CACHE`, else `$XDG_CACHE_HOME/ratchet/docker`, else
@@ -35,7 +35,7 @@ from pathlib import Path
 
 BASE_REPO = "ratchet-sandbox-base"
 SUITE = "bookworm"
-PACKAGES = ("python3", "python3-pytest", "git")
+PACKAGES = ("python3", "python3-pytest", "python-is-python3", "git")
 SANDBOX_UID = 10001                 # the unprivileged user the sandbox runs as ("sandbox")
 _RECIPE = f"v1 minbase {SUITE} {','.join(PACKAGES)} uid={SANDBOX_UID}"
 BASE_TAG = f"{SUITE}-" + hashlib.sha256(_RECIPE.encode()).hexdigest()[:12]
@@ -265,7 +265,25 @@ def build_base_image(force: bool = False) -> str | None:
                         f"{imp.returncode}): {imp.stderr.decode(errors='replace').strip()[:400]}")
         finally:
             shutil.rmtree(root, ignore_errors=True)
-    return None if image_exists() else f"image {BASE_IMAGE} still missing after the build"
+    if not image_exists():
+        return f"image {BASE_IMAGE} still missing after the build"
+    _prune_old_base_images()
+    return None
+
+
+def _prune_old_base_images() -> None:
+    """Drop base images of earlier recipes (other tags of BASE_REPO); best effort."""
+    try:
+        c = client(30)
+        for img in c.images.list(name=BASE_REPO):
+            if BASE_IMAGE not in img.tags:
+                try:
+                    c.images.remove(img.id)
+                except Exception:  # noqa: BLE001 - still used by a container: keep it
+                    pass
+        c.close()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _add_sandbox_user(root: Path) -> None:
@@ -274,6 +292,43 @@ def _add_sandbox_user(root: Path) -> None:
         f.write(f"sandbox:x:{u}:{u}:ratchet sandbox:/tmp:/usr/sbin/nologin\n")
     with open(root / "etc" / "group", "a") as f:
         f.write(f"sandbox:x:{u}:\n")
+
+
+def limits_reason(c) -> str | None:
+    """None when the engine enforces the limits the sandbox relies on, else which it cannot.
+    (Without the memory or pids cgroup, dockerd only warns and runs the container unlimited.)"""
+    try:
+        info = c.info()
+    except Exception as e:  # noqa: BLE001
+        return f"docker info failed: {e}"
+    missing = [k for k in ("MemoryLimit", "PidsLimit", "CpuCfsQuota") if not info.get(k)]
+    if missing:
+        return f"the Docker engine cannot enforce {', '.join(missing)} (cgroup controllers missing)"
+    return None
+
+
+def smoke_reason() -> str | None:
+    """None when a locked-down container (as the runtime makes them) starts and runs Python."""
+    try:
+        c = client(60)
+    except Exception as e:  # noqa: BLE001
+        return f"no Docker engine answers: {e}"
+    try:
+        why = limits_reason(c)
+        if why:
+            return why
+        out = c.containers.run(
+            BASE_IMAGE, ["python3", "-c", "import os; print(os.getuid())"], remove=True,
+            network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+            user=f"{SANDBOX_UID}:{SANDBOX_UID}", pids_limit=64, mem_limit="256m", nano_cpus=10**9,
+            tmpfs={"/tmp": "size=16m"}, labels={LABEL: "1", "ratchet.episode": "smoke"})
+        if out.decode().strip() != str(SANDBOX_UID):
+            return f"the smoke container printed {out[:200]!r}"
+        return None
+    except Exception as e:  # noqa: BLE001
+        return f"a locked-down container does not run here: {str(e)[:400]}"
+    finally:
+        c.close()
 
 
 def ensure(build_image: bool = True) -> tuple[str | None, dict]:
@@ -292,6 +347,10 @@ def ensure(build_image: bool = True) -> tuple[str | None, dict]:
         reason = None if existed else build_base_image()
         info["image_state"] = "cached" if existed else ("built" if reason is None else "unavailable")
         info["image_s"] = round(time.monotonic() - t1, 2)
+        if reason is None:
+            t2 = time.monotonic()
+            reason = smoke_reason()
+            info["smoke_s"] = round(time.monotonic() - t2, 2)
     return reason, info
 
 
@@ -314,7 +373,8 @@ def main(argv=None) -> int:
     reason, info = ensure()
     if reason is None:
         print(f"docker: ready (engine {info['engine']} in {info['engine_s']} s; image {BASE_IMAGE} "
-              f"{info.get('image_state')} in {info.get('image_s')} s)")
+              f"{info.get('image_state')} in {info.get('image_s')} s; a sandbox container ran in "
+              f"{info.get('smoke_s')} s)")
         return 0
     print(f"docker: unavailable, the Docker sandbox tests will skip: {reason}", file=sys.stderr)
     return 1 if a.strict else 0

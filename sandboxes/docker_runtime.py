@@ -142,6 +142,9 @@ class DockerRuntime:
                 client.ping()
         except Exception as e:  # noqa: BLE001 - any failure to reach the engine
             raise SandboxUnavailable(f"no Docker engine answers: {e}") from e
+        why = docker_engine.limits_reason(self.client)
+        if why:
+            raise SandboxUnavailable(f"{why}: refusing to run episodes without their limits")
         self.cli = docker_engine.docker_cli()
         if not self.cli:
             raise SandboxUnavailable("the docker CLI is not installed (apt-get install docker.io)")
@@ -447,8 +450,8 @@ class DockerEpisode:
                 network_mode="none", read_only=True, cap_drop=["ALL"],
                 security_opt=["no-new-privileges"], ipc_mode="private",
                 tmpfs={self.workdir: (f"size={self.disk_mb}m,nr_inodes={max(self.disk_mb * 256, 16384)},"
-                                      f"uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755"),
-                       "/tmp": f"size={TMP_MB}m,mode=1777"},
+                                      f"uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,exec"),
+                       "/tmp": f"size={TMP_MB}m,mode=1777,exec"},
                 volumes={_WORKER: {"bind": f"{TOOLS}/pytest_worker.py", "mode": "ro"},
                          _OPS: {"bind": f"{TOOLS}/docker_ops.py", "mode": "ro"},
                          snap.gitdir: {"bind": GITDIR, "mode": "ro"}},
