@@ -1,4 +1,4 @@
-"""The `ratchet` console script: demo, ingest, query, ui, bench, holdout."""
+"""The `ratchet` console script: demo, ingest, compact, query, ui, bench, holdout."""
 from __future__ import annotations
 
 import argparse
@@ -33,6 +33,24 @@ def cmd_ingest(args) -> int:
         print(f"read {s.read}: accepted {s.accepted}, quarantined {s.quarantined}, duplicates {s.duplicates}"
               f" ({s.seconds:.2f} s) -> {home.warehouse}", file=sys.stderr)
     print(json.dumps({**s.as_dict(), "warehouse": str(home.warehouse)}))
+    return 0
+
+
+def cmd_compact(args) -> int:
+    from ratchet.ingest import compact
+    from ratchet.warehouse import Warehouse
+
+    home = _home(args)
+    wh = Warehouse(home.warehouse)
+    if not wh.exists():
+        print(f"ratchet compact: no warehouse at {home.warehouse}", file=sys.stderr)
+        return 2
+    got = compact(wh)
+    parts = len(wh.part_names())
+    if not args.quiet:
+        print(f"merged {got['merged']} small parts into {got['written']}; the lake now has {parts} parts",
+              file=sys.stderr)
+    print(json.dumps({**got, "parts": parts}))
     return 0
 
 
@@ -161,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=0, help="normalising processes for large inputs (0 = per core)")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(fn=cmd_ingest)
+
+    s = sub.add_parser("compact", help="merge the trajectory lake's small Parquet parts (prints a JSON line)")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(fn=cmd_compact)
 
     s = sub.add_parser("query", help="run SQL against the warehouse")
     s.add_argument("sql")

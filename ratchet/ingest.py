@@ -31,7 +31,7 @@ from ratchet.adapters import swebench
 from ratchet.contract import CONTENT_NAMES, RecordError, normalise
 from ratchet.native import fast_values
 from ratchet.readers import (LINE_FORMATS, Raw, SkipFile, Source, _read, check_regular, discover, inner_name,
-                             long_line_raw, open_regular, sidecar_for)
+                             long_line_raw, open_regular, sidecar_for, unflatten)
 from ratchet.readers import loads as _loads
 from ratchet.warehouse import QUARANTINE_SCHEMA, STORED_SCHEMA, Warehouse, write_part
 
@@ -140,7 +140,7 @@ def _normalise_chunk(items: list, ctx: _FileContext, nul_free: bool = False) -> 
                 obj = _decode(raw, max_bytes)
                 fmt = adapters.exported_format(obj)
                 if fmt is not None:  # a warehouse row read back: re-normalised as its own format
-                    native = obj
+                    native = unflatten(dict(obj))
                 else:
                     fmt = adapters.detect(obj)
                     native = adapters.to_native(fmt, obj, ctx.file, ctx.reports)
@@ -164,7 +164,8 @@ def _normalise_chunk(items: list, ctx: _FileContext, nul_free: bool = False) -> 
             rows.append(_as_values(row))
             lines.append(line)
         res.fast = len(rows) - sum(res.formats.values())
-        res.formats[adapters.NATIVE] += res.fast
+        if res.fast:
+            res.formats[adapters.NATIVE] += res.fast
         res.table = _table(rows, lines, ctx)
         return res
     finally:

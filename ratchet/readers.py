@@ -258,22 +258,47 @@ class Unreadable(Exception):
         self.code, self.detail = code, detail
 
 
-def _decompressed(fh: BinaryIO, kind: str):
+def _decompressed(fh: BinaryIO, kind: str) -> Iterator[bytes]:
     if kind == "gzip":
-        import gzip
-
-        return gzip.GzipFile(fileobj=fh, mode="rb")
+        return _gunzip(fh)
     if kind == "zstd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
+        return _raw_chunks(zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True))
     if kind == "bz2":
         import bz2
 
-        return bz2.BZ2File(fh)
+        return _raw_chunks(bz2.BZ2File(fh))
     import lzma
 
-    return lzma.LZMAFile(fh)
+    return _raw_chunks(lzma.LZMAFile(fh))
+
+
+def _gunzip(fh: BinaryIO) -> Iterator[bytes]:
+    """gzip members one after another, yielding what decompresses as it comes (gzip.GzipFile
+    drops a whole read when the file ends early: everything before the cut is kept here)."""
+    import zlib
+
+    d = zlib.decompressobj(wbits=31)
+    try:
+        while True:
+            b = fh.read(READ_CHUNK)
+            if not b:
+                if not d.eof:
+                    raise Unreadable("corrupt_compressed", "the gzip stream ends early: the file is truncated")
+                return
+            while b:
+                out = d.decompress(b)
+                if out:
+                    yield out
+                if not d.eof:
+                    break
+                b = d.unused_data
+                if not b.strip(b"\x00"):  # only padding after the last member
+                    return
+                d = zlib.decompressobj(wbits=31)
+    except zlib.error as e:
+        raise Unreadable("corrupt_compressed", f"gzip: {e}") from None
 
 
 def _raw_chunks(stream, size: int = READ_CHUNK) -> Iterator[bytes]:
@@ -331,8 +356,7 @@ class Source:
         self.encoding: str | None = None
         self.bom = False
         self._first: bytes = b""
-        self._stream = _decompressed(self.fh, self.compression) if self.compression else self.fh
-        self._it = _raw_chunks(self._stream)
+        self._it = _decompressed(self.fh, self.compression) if self.compression else _raw_chunks(self.fh)
         self._error: Unreadable | None = None
         try:
             self._first = next(self._it, b"")
@@ -555,7 +579,7 @@ def read_parquet(src: Source, max_bytes: int) -> Iterator[Raw]:
         for batch in batches:
             for row in batch.to_pylist():
                 n += 1
-                yield Raw(path, n, 0, _dump_row(row), obj=_unflatten(row))
+                yield Raw(path, n, 0, _dump_row(row), obj=unflatten(row))
     except Unreadable as e:
         yield src.head_raw(e.code, e.detail)
         return
@@ -575,8 +599,9 @@ def _dump_row(row: dict) -> bytes:
         return msgspec.json.encode(row, enc_hook=str)
 
 
-def _unflatten(row: dict) -> dict:
-    """Parquet rows exported from the warehouse carry JSON text in `tools` / `extra`."""
+def unflatten(row: dict) -> dict:
+    """Rows exported from the warehouse (Parquet, or DuckDB's JSON export) carry JSON text in
+    `messages` / `tools` / `approvals` / `extra`."""
     for k in ("messages", "tools", "approvals", "extra"):
         if isinstance(row.get(k), str):
             try:
