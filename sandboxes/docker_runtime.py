@@ -180,7 +180,11 @@ class DockerRuntime:
         except Exception:  # noqa: BLE001
             pass
         for d in (self.root / "episodes").iterdir():
-            if d.name not in live:
+            try:
+                young = time.time() - d.stat().st_mtime < 300     # may be starting right now
+            except OSError:
+                continue
+            if d.name not in live and not young:
                 shutil.rmtree(d, ignore_errors=True)
         return removed
 
@@ -440,8 +444,10 @@ class DockerEpisode:
             f"{bundle.environment_digest}|docker|{img.id}|{self.workdir}".encode()).hexdigest()
         self.disk_mb = int(getattr(L, "disk_mb", 256))
         archive = git(f"--git-dir={snap.gitdir}", "archive", "--format=tar", snap.commit, text=False)
+        largest = _largest_member(archive)
         self.dir = rt.root / "episodes" / episode_id
         self.dir.mkdir(parents=True, exist_ok=False)
+        from docker.types import Mount
         t0 = time.monotonic()
         try:
             self.container = rt.client.containers.run(
@@ -452,12 +458,12 @@ class DockerEpisode:
                 tmpfs={self.workdir: (f"size={self.disk_mb}m,nr_inodes={max(self.disk_mb * 256, 16384)},"
                                       f"uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,exec"),
                        "/tmp": f"size={TMP_MB}m,mode=1777,exec"},
-                volumes={_WORKER: {"bind": f"{TOOLS}/pytest_worker.py", "mode": "ro"},
-                         _OPS: {"bind": f"{TOOLS}/docker_ops.py", "mode": "ro"},
-                         snap.gitdir: {"bind": GITDIR, "mode": "ro"}},
+                mounts=[Mount(f"{TOOLS}/pytest_worker.py", _WORKER, type="bind", read_only=True),
+                        Mount(f"{TOOLS}/docker_ops.py", _OPS, type="bind", read_only=True),
+                        Mount(GITDIR, snap.gitdir, type="bind", read_only=True)],
                 mem_limit=f"{L.memory_mb}m", memswap_limit=f"{L.memory_mb}m",
                 pids_limit=L.max_procs, nano_cpus=1_000_000_000, shm_size="16m",
-                ulimits=_ulimits(L), environment=_env(),
+                ulimits=_ulimits(L, largest), environment=_env(),
                 labels={docker_engine.LABEL: "1", "ratchet.owner": _owner_label(),
                         "ratchet.episode": episode_id, "ratchet.task": str(bundle.task_id)[:200]})
             self._closed = False
@@ -475,7 +481,7 @@ class DockerEpisode:
 
     def _populate(self, archive: bytes) -> None:
         """Unpack the pinned tree into the workdir and give it a one-commit .git for the agent."""
-        script = (f"set -e; tar -x -m -f - -C {_q(self.workdir)}; cd {_q(self.workdir)}; "
+        script = (f"set -e; ulimit -S -f $(ulimit -H -f); tar -x -m -f - -C {_q(self.workdir)}; cd {_q(self.workdir)}; "
                   "git init -q; "
                   f"echo {GITDIR}/objects > .git/objects/info/alternates; "
                   f"git -c safe.directory='*' reset -q {self.commit}")
@@ -565,8 +571,9 @@ class DockerEpisode:
         if timed_out:
             self._kill_tree(root_pid)
         infra = None
-        if root_pid is None and not timed_out:
-            infra = f"docker exec did not start the command (exit {proc.returncode}): {stderr.strip()[:500]}"
+        if root_pid is None:      # the command never started (the engine, or no pid to start it)
+            infra = (f"docker exec did not start the command ({'timed out' if timed_out else f'exit {proc.returncode}'}): "
+                     f"{stderr.strip()[:500]}")
         stdout = _text(so, cap, out.dropped)
         stderr = _text(stderr.encode(), cap, max(err.dropped, 0))
         return ExecResult(None if timed_out else proc.returncode, stdout, stderr, timed_out, dt, infra)
@@ -774,11 +781,18 @@ def _q(s: str) -> str:
     return shlex.quote(s)
 
 
-def _ulimits(L) -> list:
+def _largest_member(archive: bytes) -> int:
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tf:
+        return max((m.size for m in tf if m.isfile()), default=0)
+
+
+def _ulimits(L, largest: int = 0) -> list:
+    """RLIMIT_FSIZE is limits.max_file_mb (soft); the hard limit is raised to the task's own
+    largest file only, so that unpacking the tree (which lifts its soft limit) cannot fail."""
     from docker.types import Ulimit
     fsize = int(L.max_file_mb) * 1024 * 1024
     cpu = int(max(getattr(L, "cpu_s", 0) or 0, L.wall_s))
-    return [Ulimit(name="fsize", soft=fsize, hard=fsize), Ulimit(name="core", soft=0, hard=0),
+    return [Ulimit(name="fsize", soft=fsize, hard=max(fsize, largest)), Ulimit(name="core", soft=0, hard=0),
             Ulimit(name="cpu", soft=cpu, hard=cpu + 1), Ulimit(name="nofile", soft=4096, hard=4096)]
 
 
