@@ -35,7 +35,30 @@ class PathEscape(Exception):
     pass
 
 
-def _real(rel):
+def _unlock(rel, write=False):
+    """Give the owner back access along `rel`: every file here is the sandbox uid's, and code
+    the agent ran may have chmod-ed its own files to 000 (that must not break the harness)."""
+    cur = ROOT
+    parts = [p for p in rel.split("/") if p] if rel else []
+    for i, part in enumerate([""] + parts):
+        if part:
+            cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except OSError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            return
+        want = 0o700 if stat.S_ISDIR(st.st_mode) else (0o600 if write else 0o400)
+        if st.st_mode & want != want:
+            try:
+                os.chmod(cur, stat.S_IMODE(st.st_mode) | want)
+            except OSError:
+                pass
+
+
+def _real(rel, write=False):
+    _unlock(rel, write)
     path = os.path.join(ROOT, rel) if rel else ROOT
     real = os.path.realpath(path)
     if real != ROOT and not real.startswith(ROOT + "/"):
@@ -71,7 +94,7 @@ def op_read(req):
 
 
 def op_write(req):
-    real = _real(req["path"])
+    real = _real(req["path"], write=True)
     rel = _relpath(real)
     if not rel or rel.split("/")[0] == ".git":
         raise PathEscape("refusing to write %r" % req["path"])
@@ -91,7 +114,7 @@ def op_write(req):
 
 
 def op_delete(req):
-    real = _real(req["path"])
+    real = _real(req["path"], write=True)
     rel = _relpath(real)
     if not rel or rel.split("/")[0] == ".git":
         raise PathEscape("refusing to delete %r" % req["path"])
@@ -106,6 +129,7 @@ def op_list(req):
     out, stack, limit = [], [base], int(req.get("limit") or 10000)
     while stack:
         d = stack.pop()
+        _unlock(_relpath(d))
         with os.scandir(d) as it:
             for e in it:
                 rel = _relpath(e.path)

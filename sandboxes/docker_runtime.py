@@ -82,8 +82,6 @@ _WRAP = 'printf "\\036ratchet-exec %s\\036" "$$" >&2; exec "$@"'
 _OPEN: "weakref.WeakSet[DockerEpisode]" = weakref.WeakSet()
 _PROBE_FILES = {"test_ratchet_probe.py": "def test_ok():\n    assert 1 + 1 == 2\n"}
 _PROBE_TEST = "test_ratchet_probe.py::test_ok"
-_JUNK = (":(exclude,glob)**/__pycache__/**", ":(exclude,glob)**/*.pyc",
-         ":(exclude,glob)**/.pytest_cache/**")
 _GIT_SAFE = ["-c", "safe.directory=*", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
              "-c", "core.quotePath=false", "-c", "diff.external=", "-c", "protocol.allow=never"]
 
@@ -737,12 +735,16 @@ class DockerEpisode:
         """git over the workdir against the read-only snapshot, staged in a fresh scratch index."""
         self._check_open()
         g = " ".join(_q(a) for a in ["git", *_GIT_SAFE, f"--git-dir={GITDIR}", f"--work-tree={self.workdir}"])
-        junk = " ".join(_q(j) for j in _JUNK)
         script = ("set -e; s=$(mktemp -d); trap 'rm -rf \"$s\"' EXIT; mkdir \"$s/objects\"; "
                   "export GIT_INDEX_FILE=\"$s/index\" GIT_OBJECT_DIRECTORY=\"$s/objects\" "
                   f"GIT_ALTERNATE_OBJECT_DIRECTORIES={GITDIR}/objects GIT_CONFIG_NOSYSTEM=1 "
                   "GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_NOSYSTEM=1 HOME=/nonexistent LC_ALL=C; "
-                  f"{g} add --all --force -- . {junk}; "
+                  # every file and symlink, listed by find: a nested .git (an empty `git init`
+                  # in a subfolder) must neither hide its folder as a gitlink nor fail the add
+                  # (and nothing the agent made unreadable to its own uid fails the listing)
+                  f"cd {_q(self.workdir)}; chmod -R u+rX . 2>/dev/null || true; find . \\( -name .git -o -name __pycache__ -o -name .pytest_cache \\) "
+                  "-prune -o \\( -type f -o -type l \\) ! -name '*.pyc' -printf '%P\\0' | "
+                  f"{g} update-index --add -z --stdin; "
                   f"{g} {' '.join(_q(a) for a in args)}")
         # the output is never capped below what the workdir can hold (a diff comes back whole)
         r = self._exec(["/bin/sh", "-c", script], timeout=max(self.limits.wall_s, 120),

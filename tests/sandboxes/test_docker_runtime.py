@@ -415,3 +415,26 @@ def test_disk_quota(docker_runtime):
         assert "No space left" in r.stderr and int(r.stdout) <= 64, r.stdout + r.stderr
         assert ep.run("rm -f junk*.bin /tmp/big*").ok
         assert ep.write_file("small.txt", "ok") == "small.txt" and ep.read_file("small.txt") == "ok"
+
+
+@pytest.mark.security
+def test_the_agents_git_metadata_is_never_trusted(docker_runtime):
+    """The agent owns the workdir's .git: committing its change, planting an fsmonitor or a
+    hook there, must neither hide the change from diff/changed_paths nor run anything."""
+    with docker_runtime.episode(bundle()) as ep:
+        ep.write_file("solution.py", FIXED)
+        r = ep.run("git -c user.name=a -c user.email=a@a commit -qam 'nothing to see' && "
+                   "git status --short | wc -l && "
+                   "git config core.fsmonitor 'touch /repo/PWNED; false' && "
+                   "printf '#!/bin/sh\\ntouch /repo/PWNED\\n' > .git/hooks/pre-commit && "
+                   "chmod +x .git/hooks/pre-commit")
+        assert r.ok and r.stdout.strip() == "0", r.stdout + r.stderr    # clean in its own eyes
+        assert ep.changed_paths() == ["solution.py"]
+        assert "+    return a + b" in ep.diff() and ".git/" not in ep.diff()
+        assert "PWNED" not in ep.list_files()
+        assert ep.pristine_bytes("solution.py") == BUGGY.encode()
+        # an empty nested repository and unreadable files cannot break (and so void) the diff
+        assert ep.run("mkdir -p tests/inner && git -C tests/inner init -q && chmod 000 solution.py tests").ok
+        assert ep.changed_paths() == ["solution.py"]
+        assert ep.run("chmod 000 solution.py tests").ok
+        assert ep.read_file("solution.py") == FIXED and "tests/test_solution.py" in ep.list_files()
