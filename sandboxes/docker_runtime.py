@@ -10,7 +10,8 @@
 
 Engine and image: `python -m sandboxes.docker_engine --ensure` (what `make test` runs) starts
 dockerd when nothing answers and builds `ratchet-sandbox-base` (Debian bookworm minbase +
-python3, python3-pytest, git) offline with debootstrap. No registry is ever contacted.
+python3, python3-pytest, python-is-python3, git) offline with debootstrap. No registry is ever
+contacted.
 
 The tree: the bundle's pinned tree (inline files or `repo_path` + `commit`) becomes a
 single-commit snapshot (`sandboxes.worktree.SnapshotStore`, no other history), which is
@@ -19,7 +20,8 @@ snapshot is made once per image from the image's own workdir (its `.git` left ou
 history). The snapshot's bare repository is mounted read-only at /.ratchet/git: `diff`,
 `changed_paths` and `pristine_bytes` use it with a fresh scratch index each time, never
 anything the sandbox can write. The workdir also gets a small `.git` of its own (objects
-borrowed from the snapshot) so `git diff` / `git status` work for the agent.
+borrowed from the snapshot) so `git diff` / `git status` work for the agent; the harness never
+reads it (its diff lists the files itself and stages them into a fresh scratch index).
 
 The container: `network_mode="none"` (loopback only), read-only root filesystem, the workdir
 a tmpfs of `limits.disk_mb` (the whole tree included: a write past it fails with ENOSPC inside
@@ -36,6 +38,11 @@ code left behind is killed (`docker_ops.op_sweep`); a command that times out is 
 whole tree; when even that fails (a fork bomb at the pids limit), pid 1 kills every process in
 the container (`docker kill -s USR1`, no new process needed). File access goes through a
 persistent in-container helper (`docker_ops.py`), commands through `docker exec`.
+
+Other images: pass `python=` (the interpreter with pytest inside the image) and, so that the
+pristine verification (`sandboxes.verify`, which calls `runtime.episode(bundle)`) runs in the
+same image, give it as `DockerRuntime(image=...)` or `bundle.metadata["image"]` rather than
+only per episode.
 
 Failure attribution follows `sandboxes.runtime`: a worker or command failure that looks like
 the harness's is checked with a health probe in a fresh container; a healthy probe makes it
