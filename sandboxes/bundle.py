@@ -40,9 +40,10 @@ class Limits:
     """Per-episode resource limits (enforced by the runtime, not by the policy).
 
     `wall_s` bounds one command or one test run (the whole process group is killed: a timeout,
-    the agent's failure). `cpu_s` is RLIMIT_CPU, per process: it is a backstop and must not be
-    below `wall_s`, or a busy loop in the agent's code would die of SIGXCPU before it times out
-    (both are the agent's failure, but a timeout says what happened). `disk_mb` caps everything
+    the agent's failure). `cpu_s` is RLIMIT_CPU, per process: a backstop that must not be below
+    `wall_s`, or a busy loop in the agent's code would die of SIGXCPU before it times out (both
+    are the agent's failure, but a timeout says what happened); the runtime applies
+    max(cpu_s, wall_s, verify_s), so the final test run is bounded by `verify_s`, not the CPU. `disk_mb` caps everything
     the worktree holds; `max_patch_kb` the submitted diff; `verify_s` the final test run.
     """
     wall_s: float = 30.0          # whole-process-group kill after this

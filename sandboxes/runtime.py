@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import tempfile
 import time
@@ -198,7 +199,9 @@ class Episode:
         L = self.limits
         self._runner = make_runner(runtime.isolation, SandboxSpec(
             workdir=self.workdir, uid=self.uid, ro_binds=(snap.gitdir,),
-            tool_files={"pytest_worker.py": _WORKER}, hide=runtime.hide, cpu_s=L.cpu_s,
+            tool_files={"pytest_worker.py": _WORKER}, hide=runtime.hide,
+            # a backstop above every wall clock: the final test run may take up to verify_s
+            cpu_s=max(L.cpu_s, math.ceil(max(L.wall_s, L.verify_s))),
             memory_mb=L.memory_mb, max_procs=L.max_procs, max_file_mb=L.max_file_mb,
             max_output_chars=L.max_output_chars))
         self._closed = False

@@ -153,7 +153,7 @@ def write_file(env, path: str, content: str) -> str:
     existed = True
     try:
         env.episode.read_bytes(path)
-    except FileNotFoundError:
+    except OSError:            # missing (or its folder is): write_file below says if it escapes
         existed = False
     rel = env.episode.write_file(path, content)
     n = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
@@ -191,19 +191,28 @@ def _stable(output: str) -> str:
 
 def _test_summary(rep, limit: int) -> str:
     counts: dict[str, int] = {}
-    for o in rep.outcomes.values():
+    items = _items(rep.outcomes)
+    for o in items.values():
         counts[o] = counts.get(o, 0) + 1
     head = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no tests ran"
     lines = [head + (" [timed out]" if rep.timed_out else "")]
     if getattr(rep, "agent_fault", None):
         lines.append(f"the test run crashed (caused by the code under test): {rep.agent_fault[:300]}")
-    lines += [f"{o.upper()} {t}" for t, o in sorted(rep.outcomes.items()) if o != "passed"]
+    lines += [f"{o.upper()} {t}" for t, o in sorted(items.items()) if o != "passed"]
     text = "\n".join(lines)
-    if any(o != "passed" for o in rep.outcomes.values()) and rep.output:
+    if any(o != "passed" for o in items.values()) and rep.output:
         room = limit - len(text) - 40
         if room > 200:
             text += "\n\n--- pytest output (tail) ---\n" + _stable(rep.output)[-room:]
     return text
+
+
+def _items(outcomes: dict) -> dict:
+    """Outcomes per collected item: a requested function- or file-level id that stands for
+    several parametrised items is counted once, through its items."""
+    keys = sorted(outcomes)
+    agg = {k for i, k in enumerate(keys) if i + 1 < len(keys) and keys[i + 1].startswith((k + "[", k + "::"))}
+    return {k: o for k, o in outcomes.items() if k not in agg}
 
 
 def run_tests(env, tests: list[str] | None = None) -> str:
@@ -238,6 +247,10 @@ def localize(env, top: int = 10, formula: str = "ochiai", tests: list[str] | Non
     rep = env.episode.run_tests(tests or None, coverage=True)
     if rep.infra_error:
         raise env.infra(rep.infra_error)
+    if rep.timed_out or rep.agent_fault:
+        why = "timed out (a test may loop)" if rep.timed_out else f"crashed: {rep.agent_fault[:200]}"
+        raise ToolError(f"the coverage run {why}; localize on fewer tests with "
+                        "tests=[...] (e.g. one test file)")
     if not any(o in ("failed", "error") for o in rep.outcomes.values()):
         return "no failing tests: nothing to localize"
     b = env.bundle

@@ -27,10 +27,13 @@ PATTERNS: dict[str, re.Pattern] = {
     "heap_walk": re.compile(r"\bgc\s*\.\s*get_(objects|referrers|referents)\b"),
     "hard_exit": re.compile(r"\bos\s*\.\s*(_exit|abort|kill|killpg)\b"),
     "raw_fds": re.compile(r"\bos\s*\.\s*(write|dup2?|fdopen|closerange|pwrite)\s*\(|/proc/|/dev/fd"
-                          r"|\bopen\s*\(\s*\d"),
+                          r"|\b(open|FileIO)\s*\(\s*(\d|fd\b|_?fd)|\bimport\s+os\s+as\b|\bposix\b"
+                          r"|\bfrom\s+os\s+import\b.*\b(write|_exit|dup2?|kill|fdopen)\b|getattr\s*\(\s*os\b"
+                          r"|\._exit\b"),
     "native_code": re.compile(r"\bctypes\b|\bcffi\b"),
     "builtins": re.compile(r"\b__builtins__\b|\bbuiltins\s*\.\s*\w+\s*=|\bimport\s+builtins\b"),
     "exit_hooks": re.compile(r"\batexit\b|\bsys\s*\.\s*excepthook\b"),
+    "introspection": re.compile(r"__(subclasses|globals|code|closure|mro|bases?)__"),
 }
 
 

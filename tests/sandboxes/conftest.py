@@ -1,5 +1,8 @@
 import pytest
 
+# fixtures/ holds other projects' test suites (QuixBugs) as task data: never collect them here
+collect_ignore_glob = ["fixtures/*"]
+
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory):
