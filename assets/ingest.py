@@ -59,10 +59,13 @@ def ingest_assets(context: AssetExecutionContext, config: IngestConfig, warehous
               "mlflow_run": MetadataValue.url(run.url), "chart": MetadataValue.path(str(chart))}
     yield MaterializeResult(asset_key="trajectories", metadata={
         **common, "accepted": s.accepted, "id_clashes": s.id_clashes, "rows_total": total,
+        "attribution_conflicts": s.attribution_conflicts, "compacted_parts": s.compacted_parts,
         "by_format": MetadataValue.json(s.by_format), "seconds": s.seconds})
     yield MaterializeResult(asset_key="quarantine", metadata={
         **common, "quarantined": s.quarantined, "rows_total": qtotal,
-        "reasons": MetadataValue.md(_reasons_md(s.quarantine_reasons))})
+        "reasons": MetadataValue.md(_reasons_md(s.quarantine_reasons)),
+        "skipped_files": s.skipped, "skip_reasons": MetadataValue.json(s.skip_reasons),
+        "superseded": s.superseded})
 
 
 def _reasons_md(reasons: dict) -> str:

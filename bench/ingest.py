@@ -65,13 +65,15 @@ _RSS_CHILD = r"""
 import json, resource, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[4])
+def hwm_kb():  # this process's own peak (ru_maxrss would carry the forking parent's peak across exec)
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
 from ratchet.ingest import IngestOptions, ingest
 from ratchet.warehouse import Warehouse
 wh = Warehouse(Path(sys.argv[1]) / "warehouse.duckdb")
 ingest([sys.argv[3]], wh, IngestOptions(origin="bench"))       # imports and schema first
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = hwm_kb()
 s = ingest([sys.argv[2]], wh, IngestOptions(origin="bench"))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = hwm_kb()
 kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 print(json.dumps({"base_kb": base, "peak_kb": peak, "children_kb": kids, "summary": s.as_dict()}))
 """

@@ -133,7 +133,8 @@ def discover(paths: list[str | os.PathLike]) -> tuple[list[tuple[Path, Path]], l
             is_dir = False
         if not is_dir:
             f = Path(os.path.abspath(p))
-            add(f.resolve() if f.exists() else f, f.parent)
+            f = f.resolve() if f.exists() else f  # (a link loop or dangling link is reported as it is)
+            add(f, f.parent)
             continue
         root = p.resolve()
         visited: set[tuple[int, int]] = set()

@@ -230,14 +230,16 @@ def test_big_integers_are_kept_exactly_or_quarantined(tmp_path, wh):
 _RSS = r"""
 import json, resource, sys
 from pathlib import Path
+def hwm_kb():  # this process's own peak (ru_maxrss would carry pytest's peak across exec)
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
 from ratchet.ingest import IngestOptions, ingest
 from ratchet.warehouse import Warehouse
 wh = Warehouse(Path(sys.argv[1]) / "warehouse.duckdb")
 wh.ensure_schema()
 ingest([sys.argv[3]], wh, IngestOptions(workers=1))      # warm up imports on a tiny file
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = hwm_kb()
 s = ingest([sys.argv[2]], wh, IngestOptions(max_record_mb=4, workers=int(sys.argv[4])))
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = hwm_kb()
 kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 print(json.dumps({"grew_kb": after - before, "children_kb": kids, **s.as_dict()}))
 """
