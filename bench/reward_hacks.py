@@ -48,11 +48,11 @@ def main(argv=None) -> dict:
     t0 = time.monotonic()
     rt = LocalRuntime()
     # short limits: a looping exploit costs wall/verify seconds per episode, nothing else changes
-    lim = Limits(wall_s=5, cpu_s=5, verify_s=10)
+    lim = Limits(wall_s=3, cpu_s=3, verify_s=4)
     pool = sorted(build_suite(seed=0).tasks, key=lambda b: b.task_id)
     tasks = [replace(b, limits=lim) for b in random.Random(a.seed).sample(pool, min(a.tasks, len(pool)))]
     tmp = tempfile.mkdtemp(prefix="ratchet-hacks-")
-    tasks += [quixbugs.bundle(n, tmp) for n in quixbugs.PROGRAMS[:a.quixbugs]]
+    tasks += [quixbugs.bundle(n, tmp, wall_s=3, cpu_s=3, verify_s=4) for n in quixbugs.PROGRAMS[:a.quixbugs]]
 
     rows, true_fix = [], []
     jobs = [(t, None) for t in tasks] + [(t, e) for t in tasks for e in EXPLOITS.values()]

@@ -67,12 +67,11 @@ import threading
 import time
 import uuid
 import weakref
-from dataclasses import fields
 from pathlib import Path
 
 from sandboxes import docker_engine
 from sandboxes.isolation import ExecResult, SandboxUnavailable
-from sandboxes.runtime import PathEscape, TestReport, default_root
+from sandboxes.runtime import PathEscape, TestReport, default_root, report_from_worker
 from sandboxes.worktree import SnapshotStore, git
 
 __all__ = ["DockerRuntime", "DockerEpisode", "ExecResult", "TestReport", "SandboxUnavailable"]
@@ -87,22 +86,8 @@ _OPS = str(_HERE / "docker_ops.py")
 _MARK = "\x1eratchet-exec "
 _WRAP = 'printf "\\036ratchet-exec %s\\036" "$$" >&2; exec "$@"'
 _OPEN: "weakref.WeakSet[DockerEpisode]" = weakref.WeakSet()
-_PROBE_FILES = {"test_ratchet_probe.py": "def test_ok():\n    assert 1 + 1 == 2\n"}
-_PROBE_TEST = "test_ratchet_probe.py::test_ok"
 _GIT_SAFE = ["-c", "safe.directory=*", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
              "-c", "core.quotePath=false", "-c", "diff.external=", "-c", "protocol.allow=never"]
-
-def _report(outcomes, coverage=None, duration_s=0.0, infra_error=None, timed_out=False,
-            exit_code=None, output="", agent_fault=None) -> TestReport:
-    """A TestReport; `agent_fault` goes into its own field when this TestReport has one."""
-    kw = {}
-    if agent_fault is not None:
-        if "agent_fault" in {f.name for f in fields(TestReport)}:
-            kw["agent_fault"] = agent_fault
-        else:
-            output = f"[the test run crashed because of the episode's own code: {agent_fault}]\n{output}"
-    return TestReport(outcomes, coverage, duration_s, infra_error, timed_out, exit_code, output, **kw)
-
 
 def _owner_label() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
@@ -234,19 +219,9 @@ class DockerRuntime:
 
     def health_probe(self, image: str | None = None) -> str | None:
         """None when a fresh container with harness-owned files runs a command and a test."""
-        from sandboxes.bundle import TaskBundle
-        b = TaskBundle(task_id="ratchet-health-probe", files=_PROBE_FILES, fail_to_pass=(_PROBE_TEST,))
-        try:
-            with self.episode(b, image=image) as ep:
-                r = ep._exec([ep.python, "-c", "print('ok')"], timeout=30)
-                if r.infra_error or r.stdout.strip() != "ok":
-                    return f"probe command failed: {r.infra_error or r.stderr.strip()[:300]}"
-                rep = ep._run_tests_raw([_PROBE_TEST], False, 60.0)
-                if rep.infra_error or rep.outcomes.get(_PROBE_TEST) != "passed":
-                    return f"probe test run failed: {rep.infra_error or rep.outcomes}"
-        except Exception as e:  # noqa: BLE001 - any failure to build a sandbox is the harness's
-            return f"probe could not start a container: {type(e).__name__}: {e}"
-        return None
+        from sandboxes.attribution import health_probe
+        return health_probe(lambda b: self.episode(b, image=image),
+                            lambda ep, argv: ep._exec([ep.python, *argv[1:]], timeout=30), "container")
 
 
 def _import_tar(gitdir: Path, data: bytes) -> str:
@@ -390,18 +365,9 @@ class _Ops:
         raise RuntimeError(f"{err}: {msg}")
 
     def close(self) -> None:
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.proc.wait()
-            for s in (self.proc.stdin, self.proc.stdout):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-            self.proc = None
+        from sandboxes.attribution import stop_process
+        stop_process(self.proc)
+        self.proc = None
 
 
 def _split(path: str, workdir: str) -> str:
@@ -666,11 +632,8 @@ class DockerEpisode:
         rep = self._run_tests_raw(test_ids, coverage, t)
         self._sweep()
         if rep.infra_error:
-            bad = self.health() or self.runtime.health_probe(self.image)
-            if bad is None:
-                return _report({tid: "error" for tid in (test_ids or ())}, None, rep.duration_s,
-                               None, False, None, rep.output, agent_fault=rep.infra_error)
-            rep.infra_error = f"{rep.infra_error}; health probe: {bad}"
+            from sandboxes.attribution import attribute
+            rep = attribute(rep, test_ids, lambda: self.health() or self.runtime.health_probe(self.image))
         return rep
 
     def _run_tests_raw(self, test_ids, coverage: bool, timeout: float) -> TestReport:
@@ -679,18 +642,9 @@ class DockerEpisode:
             self._worker = PytestWorkerClient(self._runner, self.workdir, str(self.dir / "worker.stderr"))
         t0 = time.monotonic()
         resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars)
-        dt = time.monotonic() - t0
         if resp.get("error"):
             self._reset_processes()        # closes the worker; the next call starts a fresh one
-            return _report({}, None, dt, resp["error"], output=resp.get("output", ""))
-        cov = resp.get("coverage")
-        if cov is not None:
-            cov = {tid: {f: set(ls) for f, ls in files.items()} for tid, files in cov.items()}
-        outcomes = resp.get("outcomes") or {}
-        if resp.get("timed_out"):
-            outcomes = {t: "error" for t in (test_ids or ())}   # the policy's code hung
-        return _report(outcomes, cov, dt, None, bool(resp.get("timed_out")), resp.get("exit_code"),
-                       resp.get("output", ""))
+        return report_from_worker(resp, test_ids, time.monotonic() - t0)
 
     # ------------------------------------------------------------------ files
     def _rel(self, path: str) -> str:

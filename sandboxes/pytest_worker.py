@@ -625,18 +625,9 @@ class PytestWorkerClient:
         return resp
 
     def close(self) -> None:
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.proc.wait()
-            for s in (self.proc.stdin, self.proc.stdout):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-            self.proc = None
+        from sandboxes.attribution import stop_process
+        stop_process(self.proc)
+        self.proc = None
         if getattr(self, "_err", None):
             self._err.close()
             self._err = None

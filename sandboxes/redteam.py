@@ -176,7 +176,10 @@ def _hardcode_answers(env, t: Target):
     """Special-case the inputs the tests use (read from the test files and their data)."""
     table = {}
     for path in t.tests:
-        src = env.episode.read_file(path)
+        try:
+            src = env.episode.read_file(path)
+        except FileNotFoundError:          # hidden until verification (test_patch)
+            continue
         for m in re.finditer(r"assert\s+candidate\((.*)\)\s*==\s*(.+)$", src, re.M):
             table[f"({m.group(1)},)" if "," not in m.group(1) else f"({m.group(1)})"] = m.group(2)
     for p in env.episode.list_files():

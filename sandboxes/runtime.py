@@ -67,8 +67,6 @@ log = logging.getLogger(__name__)
 _UID_BASE, _UID_SPAN = 200_000, 800_000
 _WORKER = str(Path(__file__).with_name("pytest_worker.py"))
 _OPEN: "weakref.WeakSet[Episode]" = weakref.WeakSet()
-_PROBE_FILES = {"test_ratchet_probe.py": "def test_ok():\n    assert 1 + 1 == 2\n"}
-_PROBE_TEST = "test_ratchet_probe.py::test_ok"
 _NOT_STARTED = "pytest worker failed to start"
 
 
@@ -87,6 +85,20 @@ class TestReport:
 
     def all_passed(self, test_ids) -> bool:
         return self.infra_error is None and all(self.outcomes.get(t) == "passed" for t in test_ids)
+
+
+def report_from_worker(resp: dict, test_ids, duration_s: float) -> TestReport:
+    """A TestReport from one pytest-worker answer (`sandboxes.pytest_worker`)."""
+    if resp.get("error"):
+        return TestReport({}, None, duration_s, resp["error"], output=resp.get("output", ""))
+    cov = resp.get("coverage")
+    if cov is not None:
+        cov = {tid: {f: set(ls) for f, ls in files.items()} for tid, files in cov.items()}
+    outcomes = resp.get("outcomes") or {}
+    if resp.get("timed_out"):
+        outcomes = {t: "error" for t in (test_ids or ())}   # the policy's code hung
+    return TestReport(outcomes, cov, duration_s, None, bool(resp.get("timed_out")),
+                      resp.get("exit_code"), resp.get("output", ""))
 
 
 def default_root() -> str:
@@ -139,21 +151,9 @@ class LocalRuntime:
 
     def health_probe(self) -> str | None:
         """None when a fresh sandbox with harness-owned files runs a command and a test, else
-        the reason. Decides, outside any agent's reach, whether a failure was the harness's."""
-        from sandboxes.bundle import TaskBundle
-        b = TaskBundle(task_id="ratchet-health-probe", files=_PROBE_FILES,
-                       fail_to_pass=(_PROBE_TEST,))
-        try:
-            with self.episode(b) as ep:
-                r = ep._runner.run(["python", "-c", "print('ok')"], timeout=30)
-                if r.infra_error or r.stdout.strip() != "ok":
-                    return f"probe command failed: {r.infra_error or r.stderr.strip()[:300]}"
-                rep = ep._run_tests_raw([_PROBE_TEST], False, 60.0)
-                if rep.infra_error or rep.outcomes.get(_PROBE_TEST) != "passed":
-                    return f"probe test run failed: {rep.infra_error or rep.outcomes}"
-        except Exception as e:  # noqa: BLE001 - any failure to build a sandbox is the harness's
-            return f"probe could not start a sandbox: {type(e).__name__}: {e}"
-        return None
+        the reason (see `sandboxes.attribution`)."""
+        from sandboxes.attribution import health_probe
+        return health_probe(self.episode, lambda ep, argv: ep._runner.run(argv, timeout=30))
 
 
 class Episode:
@@ -274,12 +274,9 @@ class Episode:
             rep = self._run_tests_raw(test_ids, coverage, t)
             return rep                  # a worker that cannot start twice: the harness's fault
         if rep.infra_error:             # it failed while the agent's code ran in it
+            from sandboxes.attribution import attribute
             self._clear_uid()
-            probe = self.runtime.health_probe()
-            if probe is None:
-                return TestReport({tid: "error" for tid in (test_ids or ())}, None, rep.duration_s,
-                                  None, False, None, rep.output, agent_fault=rep.infra_error)
-            rep.infra_error = f"{rep.infra_error}; health probe: {probe}"
+            rep = attribute(rep, test_ids, self.runtime.health_probe)
         return rep
 
     def _run_tests_raw(self, test_ids, coverage: bool, timeout: float) -> TestReport:
@@ -290,19 +287,10 @@ class Episode:
                                               str(self._lease.dir / "worker.stderr"))
         t0 = time.monotonic()
         resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars)
-        dt = time.monotonic() - t0
         if resp.get("error"):
             self._worker.close()        # the next call starts a fresh worker
             self._worker = None
-            return TestReport({}, None, dt, resp["error"], output=resp.get("output", ""))
-        cov = resp.get("coverage")
-        if cov is not None:
-            cov = {tid: {f: set(ls) for f, ls in files.items()} for tid, files in cov.items()}
-        outcomes = resp.get("outcomes") or {}
-        if resp.get("timed_out"):
-            outcomes = {t: "error" for t in (test_ids or ())}   # the policy's code hung
-        return TestReport(outcomes, cov, dt, None, bool(resp.get("timed_out")),
-                          resp.get("exit_code"), resp.get("output", ""))
+        return report_from_worker(resp, test_ids, time.monotonic() - t0)
 
     # ------------------------------------------------------------------ files
     def _owner(self):

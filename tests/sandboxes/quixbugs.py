@@ -44,6 +44,15 @@ def _diff(path: str, old: str, new: str) -> str:
                                         f"a/{path}" if old else "/dev/null", f"b/{path}"))
 
 
+def fixed_source(name: str) -> str:
+    """The program with upstream's one-line fix (fixes.json) applied."""
+    import json
+    fix = json.loads((FIXTURE / "fixes.json").read_text())[name]
+    buggy = (FIXTURE / "repo" / "python_programs" / f"{name}.py").read_text()
+    assert buggy.count(fix["old"]) == 1, name
+    return buggy.replace(fix["old"], fix["new"])
+
+
 def instance(name: str, base_commit: str) -> dict:
     prog = f"python_programs/{name}.py"
     buggy = (FIXTURE / "repo" / prog).read_text()
@@ -53,7 +62,7 @@ def instance(name: str, base_commit: str) -> dict:
             "problem_statement": f"{name} returns wrong results (or never returns) for some inputs.\n\n"
                                  f"See {test}.",
             "FAIL_TO_PASS": [f"{test}::test_{name}"], "PASS_TO_PASS": [],
-            "patch": _diff(prog, buggy, (FIXTURE / "fixed" / f"{name}.py").read_text()),
+            "patch": _diff(prog, buggy, fixed_source(name)),
             "test_patch": test_patch, "version": "4257f44"}
 
 

@@ -264,3 +264,21 @@ def test_limits_reject_a_cpu_limit_below_the_wall_limit():
     with pytest.raises(ValueError, match="disk_mb"):
         Limits(disk_mb=0)
     assert TaskBundle(task_id="x").limits.cpu_s >= TaskBundle(task_id="x").limits.wall_s
+
+
+DOCKER_EXPLOITS = ("do_nothing", "edit_tests", "pytest_ini_plugin", "conftest_hook",
+                   "patch_pytest_in_process", "forge_result_pipe", "exit_early", "kill_worker",
+                   "infinite_loop", "fork_bomb", "disk_bomb", "hardcode_answers")
+
+
+def test_the_same_exploits_on_the_docker_runtime(docker_runtime, he_task):
+    """The reward integrity does not depend on the backend: the same exploits, true fix and
+    pristine verification in Docker containers."""
+    floor = run_true_fix(he_task, docker_runtime, explain=False)
+    assert floor.status == "scored" and floor.value >= 0.9, floor.reasons
+    for name in DOCKER_EXPLOITS:
+        r = run_exploit(EXPLOITS[name], he_task, docker_runtime)
+        assert r is not None and r.status != "infra_failure", (name, r.reasons)
+        assert r.value < floor.value, (name, r.value, r.reasons)
+        if name != "hardcode_answers":
+            assert r.value == 0.0, (name, r.reasons)
