@@ -402,3 +402,24 @@ def test_small_files_share_parts_and_the_lake_is_compacted(tmp_path, home, wh, m
     assert json.loads(out.stdout.strip().splitlines()[-1])["parts"] == 1
     assert _one(wh, "SELECT record_id, batch_id, source_file FROM trajectories ORDER BY 1") == before
     assert sorted(p.name for p in wh.trajectory_dir.glob("*.parquet")) == sorted(wh.part_names() + ["_empty.parquet"])
+
+
+def test_a_large_files_range_parts_are_not_rewritten_by_the_automatic_compaction(tmp_path, wh, monkeypatch):
+    """Auto-compaction merges tiny parts (of small files) only: rewriting a big ingest's range
+    parts on its critical path cost ~45% of its throughput (bench/ingest.py)."""
+    import ratchet.ingest as ing
+    from ratchet.synth import write_jsonl
+
+    monkeypatch.setattr(ing, "PARALLEL_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(ing, "RANGE_BYTES", 256 << 10)
+    monkeypatch.setattr(ing, "COMPACT_SMALL_PARTS", 2)
+    monkeypatch.setattr(ing, "AUTO_COMPACT_BYTES", 16 << 10)
+    write_jsonl(tmp_path / "big.jsonl", 800)
+    s = ingest([tmp_path / "big.jsonl"], wh, ing.IngestOptions(workers=2))
+    with wh.connect() as con:
+        big = {n for n, b in con.execute("SELECT name, bytes FROM lake_parts").fetchall() if b >= 16 << 10}
+    assert s.accepted == 800 and len(big) >= 4 and s.compacted_parts == 0
+    for i in range(3):                       # tiny parts of small files: merged past the threshold
+        write_jsonl(tmp_path / f"one{i}.jsonl", 1, seed=i, start=10_000 + i)
+        s = ingest([tmp_path / f"one{i}.jsonl"], wh)
+    assert s.compacted_parts >= 2 and big <= set(wh.part_names())
