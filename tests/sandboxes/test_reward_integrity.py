@@ -162,12 +162,18 @@ def test_disk_quota_and_patch_cap(runtime, he_task):
     b = replace(he_task, limits=replace(FAST, disk_mb=40))
     with RepairEnv(b, runtime=runtime) as env:
         env.reset()
+        mounted = env.episode._quota_mount is not None     # root: a tmpfs of disk_mb
         r = env.episode.run("for i in $(seq 1 20); do head -c 15000000 /dev/zero > junk_$i || "
                             "{ echo STOPPED $i; break; }; done", timeout=30)
-        assert "STOPPED" in r.stdout and "No space left" in r.stderr
-        assert env.episode.disk_usage() <= 40 * 2**20
+        if mounted:
+            assert "STOPPED" in r.stdout and "No space left" in r.stderr
+            assert env.episode.disk_usage() <= 40 * 2**20
+        else:                                              # measured after each step instead
+            assert env.episode.disk_usage() > 40 * 2**20
         env.step("submit", {"explanation": "x"})
         assert env.reward.value == 0.0 and env.reward.status != "infra_failure"
+        if not mounted:
+            assert env.reward.status == "failed" and "disk quota exceeded" in env.reward.reasons[0]
     big = replace(he_task, limits=replace(FAST, max_patch_kb=8))
     with RepairEnv(big, runtime=runtime) as env:
         env.reset()
@@ -240,8 +246,12 @@ def test_tamper_gate_has_no_false_positives_on_reference_fixes(qb):
 
 def test_reaper_unmounts_a_dead_episodes_quota(tmp_path):
     """An owner killed mid-episode leaves its tmpfs mounted; the next runtime start removes it."""
-    if os.geteuid() != 0:
-        pytest.skip("the quota tmpfs needs root; without it the quota is measured per step")
+    from sandboxes import quota
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if not quota.mount_tmpfs(probe, 1):
+        pytest.skip("no quota tmpfs here (needs root and mount rights); the quota is measured per step")
+    quota.unmount(probe)
     code = ("import os, sys; sys.path.insert(0, '.');"
             "from sandboxes.runtime import LocalRuntime; from sandboxes.bundle import TaskBundle;"
             f"rt = LocalRuntime({str(tmp_path)!r}, reap_stale=False);"
