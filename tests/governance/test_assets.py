@@ -169,7 +169,10 @@ def test_definitions_wire_governance_into_the_graph():
     assert blocking["contamination"] and blocking["training_views_clean"]
     assert g.get(AssetKey("task_suite")).group_name == "tasks"
     assert {g.get(AssetKey(k)).group_name for k in ("dedup_clusters", "split_assignments", "holdout_manifest")} == {"governance"}
-    assert defs.resolve_job_def("governance_job") is not None
+    job = defs.resolve_job_def("governance_job")  # raises if the job is missing
+    assert {k.to_user_string() for k in job.asset_layer.selected_asset_keys} == {
+        "task_suite", "dedup_clusters", "split_assignments", "holdout_manifest", "consent_grants", "training_views",
+        "checkpoint_flags"}
 
 
 def test_graph_materialises_and_every_check_passes(base):
