@@ -251,7 +251,7 @@ def test_an_over_limit_line_is_never_read_whole(tmp_path, workers):
     with open(f, "wb") as fh:
         fh.write(json.dumps(GOOD).encode() + b"\n")
         fh.write(b'{"trajectory_id": "huge", "task_id": "t", "messages": [{"role": "user", "content": "')
-        for _ in range(80):
+        for _ in range(128):
             fh.write(b"x" * (1 << 20))
         fh.write(b'"}]}\n' + json.dumps({**GOOD, "trajectory_id": "after"}).encode() + b"\n")
     (tmp_path / "tiny.jsonl").write_text(json.dumps({**GOOD, "trajectory_id": "tiny"}) + "\n")
@@ -260,7 +260,9 @@ def test_an_over_limit_line_is_never_read_whole(tmp_path, workers):
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert (got["read"], got["accepted"], got["quarantine_reasons"]) == (3, 2, {"record_too_large": 1})
-    assert got["grew_kb"] < 40 * 1024, got          # an 80 MiB line: held whole it would be >= 80 MiB
+    # a 128 MiB line held whole would be >= 128 MiB; the parallel path's pool and range buffers
+    # alone grow the parent by up to ~50 MiB on a busy machine (measured), hence half the line
+    assert got["grew_kb"] < 64 * 1024, got
     if workers == 2:
         assert got["children_kb"] < 400 * 1024, got
 
