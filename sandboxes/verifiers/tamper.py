@@ -7,8 +7,9 @@ result to an inherited pipe, `os._exit` before a failure is recorded). No isolat
 that inside one process; this gate refuses the patches that reach for those handles. It scans
 the lines a diff adds to files that are not tests, and is a hard gate like a leaked secret.
 
-It is a heuristic with a measured false-positive rate: 0 of the 1,210 recorded HumanEval
-fixes and 0 of the QuixBugs reference fixes trip it. A real fix that needs one of these (a
+Only what a patch introduces counts: a fix on a line that already used one of these names
+is not flagged. It is a heuristic with a measured false-positive rate: 0 of the 1,210 recorded
+HumanEval fixes and 0 of the QuixBugs reference fixes trip it. A real fix that needs one of these (a
 library that implements a pytest plugin, say) should run with a task-specific allowlist
 (`bundle.metadata["tamper_allow"]`, a list of pattern names).
 """
@@ -46,23 +47,44 @@ class TamperFinding:
 
 
 def scan(diff: str, skip=lambda path: False, allow=()) -> list[TamperFinding]:
-    """Findings on the added lines of files for which `skip(path)` is False."""
-    out, path, line = [], None, 0
+    """Findings on the added lines of files for which `skip(path)` is False.
+
+    Only handles the patch introduces count: per file and pattern, matches on added lines beyond
+    those on the lines it removes (a one-token fix on a line that already called `eval` adds
+    nothing new; one HumanEval solution does exactly that)."""
+    added: dict[tuple[str, str], list[TamperFinding]] = {}
+    removed: dict[tuple[str, str], int] = {}
+    path, line = None, 0
     for raw in diff.splitlines():
         if raw.startswith("+++ "):
             p = raw[4:].strip()
             path = None if p == "/dev/null" else p[2:] if p.startswith("b/") else p
             continue
+        if raw.startswith("--- "):
+            continue
         if raw.startswith("@@"):
             m = re.match(r"@@ -\d+(?:,\d+)? \+(\d+)", raw)
             line = int(m.group(1)) if m else 0
             continue
-        if raw.startswith("+") and path and not skip(path):
+        sign = raw[:1]
+        if sign in "+-" and path and not skip(path):
             code = raw[1:].split("#", 1)[0]
             for name, rx in PATTERNS.items():
-                if name not in allow and rx.search(code):
-                    out.append(TamperFinding(path, line, name, raw[1:].strip()[:200]))
+                if name in allow:
+                    continue
+                hits = len(rx.findall(code))
+                if not hits:
+                    continue
+                if sign == "-":
+                    removed[(path, name)] = removed.get((path, name), 0) + hits
+                else:
+                    added.setdefault((path, name), []).extend(
+                        [TamperFinding(path, line, name, raw[1:].strip()[:200])] * hits)
+        if sign == "+" or sign == " " or sign == "":
             line += 1
-        elif not raw.startswith("-"):
-            line += 1
-    return out
+    out = []
+    for key, found in added.items():
+        extra = len(found) - removed.get(key, 0)
+        if extra > 0:
+            out.extend(dict.fromkeys(found[-extra:]))
+    return sorted(set(out), key=lambda f: (f.file, f.line, f.pattern))

@@ -238,10 +238,17 @@ def test_tamper_gate_has_no_false_positives_on_reference_fixes(qb):
     from sandboxes.humaneval import build_suite
     from sandboxes.verifiers.tamper import scan
     suite = build_suite(seed=0, limit=40, per_problem=8)
-    fixes = [t.metadata["fix_diff"] for t in suite.tasks] + \
+    evals = build_suite(seed=0, problem_ids=["HumanEval/160"], per_problem=8)   # `return eval(...)`
+    assert any("eval(" in t.metadata["fix_diff"] for t in evals.tasks)
+    fixes = [t.metadata["fix_diff"] for t in suite.tasks + evals.tasks] + \
         [quixbugs.instance(n, "0" * 40)["patch"] for n in quixbugs.PROGRAMS]
     assert len(fixes) > 250
     assert [f for d in fixes for f in scan(d)] == []
+    # what a patch introduces counts, what it only edits around does not
+    edit = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-    return eval(a + b)\n+    return eval(a - b)\n"
+    assert scan(edit) == []
+    added = edit + "@@ -5,0 +6 @@\n+    x = eval(data)\n"
+    assert [(f.pattern, f.line) for f in scan(added)] == [("dynamic_code", 6)]
 
 
 def test_reaper_unmounts_a_dead_episodes_quota(tmp_path):
