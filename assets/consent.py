@@ -14,6 +14,7 @@ from typing import Optional
 from dagster import (AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, AssetExecutionContext,
                      Config, MaterializeResult, MetadataValue, asset, asset_check)
 
+from ratchet.markdown import md_table
 from resources import WarehouseResource
 
 
@@ -98,8 +99,8 @@ def training_views(context: AssetExecutionContext, config: TrainingViewsConfig, 
     per = Counter(r["tenant_id"] for r in train)
     reasons = Counter(a["reason"] for a in audit)
     tenants = sorted(set(per) | {a["target_tenant"] for a in audit})
-    md = "| policy tenant | training rows | excluded |\n|---|---|---|\n" + "\n".join(
-        f"| {t} | {per[t]} | {sum(1 for a in audit if a['target_tenant'] == t)} |" for t in tenants)
+    md = md_table(["policy tenant", "training rows", "excluded"],
+                  [(t, per[t], sum(1 for a in audit if a["target_tenant"] == t)) for t in tenants])
     context.log.info(f"training views at {now.isoformat()}: {dict(per)}; excluded {dict(reasons)}")
     return MaterializeResult(metadata={
         "evaluated_at": now.isoformat(), "trajectories": len(trajs), "training_rows": len(train),

@@ -4,6 +4,7 @@
 from dagster import (AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, AssetKey,
                      AssetSpec, Config, MaterializeResult, MetadataValue, asset_check, multi_asset)
 
+from ratchet.markdown import md_table
 from resources import MlflowTracking, WarehouseResource
 
 SCALAR_COLUMNS = ("record_id, trajectory_id, task_id, source_format, schema_version, cost_usd, latency_s, "
@@ -71,8 +72,7 @@ def ingest_assets(context: AssetExecutionContext, config: IngestConfig, warehous
 def _reasons_md(reasons: dict) -> str:
     if not reasons:
         return "no record quarantined"
-    rows = "\n".join(f"| `{k}` | {v} |" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
-    return "| reason | records |\n|---|---|\n" + rows
+    return md_table(["reason", "records"], [(f"`{k}`", v) for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])])
 
 
 @asset_check(asset=AssetKey("trajectories"), blocking=True,

@@ -12,6 +12,7 @@ from typing import Optional
 from dagster import (AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, AssetExecutionContext,
                      Config, MaterializeResult, MetadataValue, asset, asset_check)
 
+from ratchet.markdown import md_table
 from resources import WarehouseResource
 
 
@@ -66,7 +67,7 @@ def dedup_clusters(context: AssetExecutionContext, config: DedupConfig, warehous
         "items": len(rows), "tasks": sum(r["kind"] == "task" for r in rows),
         "trajectories": sum(r["kind"] == "trajectory" for r in rows), "clusters": len(sizes),
         "largest_cluster": max(sizes.values(), default=0), "clusters_with_tasks_and_trajectories": mixed,
-        "size_histogram": MetadataValue.md("| size | clusters |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in hist.items())),
+        "size_histogram": MetadataValue.md(md_table(["size", "clusters"], hist.items())),
         "edges_by_reason": MetadataValue.json(dict(Counter(edges.column("reason").to_pylist()))),
         "threshold": config.threshold, "seconds": round(seconds, 2)}
     if config.chart and rows:

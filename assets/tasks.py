@@ -4,6 +4,7 @@ from typing import Optional
 
 from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
 
+from ratchet.markdown import md_table
 from resources import WarehouseResource
 
 
@@ -34,7 +35,7 @@ def task_suite(context: AssetExecutionContext, config: TaskSuiteConfig, warehous
     context.log.info(f"tasks: {n} from {suite.stats.get('problems_used')} problems "
                      f"({'cache' if suite.cached else f'built in {suite.build_seconds:.1f} s'})")
     rejected = suite.stats.get("rejected", {})
-    md = "| reason | mutants |\n|---|---|\n" + "\n".join(f"| `{k}` | {v} |" for k, v in sorted(rejected.items(), key=lambda kv: -kv[1]))
+    md = md_table(["reason", "mutants"], [(f"`{k}`", v) for k, v in sorted(rejected.items(), key=lambda kv: -kv[1])])
     return MaterializeResult(metadata={
         "tasks": n, "problems": suite.stats.get("problems"), "problems_used": suite.stats.get("problems_used"),
         "problems_dropped": MetadataValue.json(suite.stats.get("problems_dropped", {})),

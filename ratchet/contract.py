@@ -126,9 +126,18 @@ def duck_type(t: pa.DataType) -> str:
             pa.bool_(): "BOOLEAN", pa.float64(): "DOUBLE", pa.binary(): "BLOB"}[t]
 
 
+def duck_column_type(f: pa.Field) -> str:
+    """DuckDB column type for an Arrow field: JSON for `format: json` metadata, T[] for a list."""
+    if (f.metadata or {}).get(b"format") == b"json":
+        return "JSON"
+    if pa.types.is_list(f.type):
+        return duck_column_type(pa.field(f.name, f.type.value_type)) + "[]"
+    return duck_type(f.type)
+
+
 def duck_ddl(name: str, schema: pa.Schema) -> str:
-    cols = ", ".join(f'"{f.name}" ' + ("JSON" if (f.metadata or {}).get(b"format") == b"json" else duck_type(f.type))
-                     for f in schema)
+    """`CREATE TABLE IF NOT EXISTS` for an Arrow schema (the one Arrow -> DuckDB DDL helper)."""
+    cols = ", ".join(f'"{f.name}" {duck_column_type(f)}' for f in schema)
     return f"CREATE TABLE IF NOT EXISTS {name} ({cols})"
 
 
@@ -287,9 +296,10 @@ INT64_MAX = 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
-def utc_from_iso(v: str) -> datetime:
-    """An ISO 8601 string as an aware UTC time (3.11 reads a trailing Z as UTC; naive is UTC)."""
-    t = datetime.fromisoformat(v)
+def utc_from_iso(v: str | datetime) -> datetime:
+    """An ISO 8601 string (or a datetime) as an aware UTC time (3.11 reads a trailing Z as UTC;
+    naive is UTC). The one timestamp parser: every module that reads a time calls this."""
+    t = v if isinstance(v, datetime) else datetime.fromisoformat(v)
     if t.tzinfo is None:
         return t.replace(tzinfo=timezone.utc)
     return t if t.utcoffset() == _ZERO else t.astimezone(timezone.utc)
@@ -303,7 +313,7 @@ def parse_ts(v: Any, path: str) -> datetime | None:
         if isinstance(v, bool):
             raise TypeError
         if isinstance(v, datetime):
-            return v.replace(tzinfo=timezone.utc) if v.tzinfo is None else v.astimezone(timezone.utc)
+            return utc_from_iso(v)
         if isinstance(v, (int, float)):
             return datetime.fromtimestamp(v, tz=timezone.utc)
         if type(v) is str:

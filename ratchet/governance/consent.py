@@ -27,19 +27,18 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ratchet.contract import utc_from_iso
+
 from .clusters import rows_of
 
 REASONS = ("missing_consent", "unknown_consent", "tenant_mismatch", "cross_tenant", "revoked", "no_train_scope", "expired")
 
 
 def _ts(v: Any) -> datetime | None:
+    """A registry or trajectory time as aware UTC (naive is UTC); None when absent."""
     if v is None or v == "":
         return None
-    if isinstance(v, datetime):
-        d = v
-    else:
-        d = datetime.fromisoformat(str(v).replace("Z", "+00:00"))
-    return d if d.tzinfo else d.replace(tzinfo=timezone.utc)  # naive timestamps are UTC
+    return utc_from_iso(v if isinstance(v, datetime) else str(v))
 
 
 def _list(v: Any) -> tuple[str, ...]:

@@ -119,20 +119,10 @@ VIEWS = {
 TASK_PREFIX, TRAJ_PREFIX = "task:", "traj:"
 
 
-def _duck_type(f: pa.Field) -> str:
-    if (f.metadata or {}).get(b"format") == b"json":
-        return "JSON"
-    t = f.type
-    if pa.types.is_list(t):
-        return _duck_type(pa.field("x", t.value_type)) + "[]"
-    if pa.types.is_timestamp(t):
-        return "TIMESTAMPTZ"
-    return {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.bool_(): "BOOLEAN", pa.float64(): "DOUBLE"}[t]
-
-
 def ddl(name: str) -> str:
-    cols = ", ".join(f'"{f.name}" {_duck_type(f)}' for f in SCHEMAS[name])
-    return f"CREATE TABLE IF NOT EXISTS {name} ({cols})"
+    from ratchet.contract import duck_ddl
+
+    return duck_ddl(name, SCHEMAS[name])
 
 
 def ensure_schema(con) -> None:
@@ -150,10 +140,9 @@ def now_utc() -> datetime:
 
 def parse_now(value: str | None) -> datetime:
     """Config `now` (ISO-8601, naive = UTC) or the current time."""
-    if not value:
-        return now_utc()
-    d = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return d if d.tzinfo else d.replace(tzinfo=timezone.utc)
+    from ratchet.contract import utc_from_iso
+
+    return utc_from_iso(value) if value else now_utc()
 
 
 @contextmanager
@@ -366,14 +355,14 @@ def split_summary_md(rows: Iterable[Mapping]) -> str:
             by[r["slice"] or "(none)"][r["split"]] += 1
         else:
             trajs[r["split"]] += 1
-    head = "| slice | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n"
-    lines = [f"| {s} | " + " | ".join(str(by[s][c]) for c in cols) + " |" for s in sorted(by)]
+    from ratchet.markdown import md_table
+
     total = Counter()
     for c in by.values():
         total.update(c)
-    lines.append("| **all tasks** | " + " | ".join(str(total[c]) for c in cols) + " |")
-    lines.append("| *trajectories* | " + " | ".join(str(trajs[c]) for c in cols) + " |")
-    return head + "\n".join(lines)
+    rows = [[s, *(by[s][c] for c in cols)] for s in sorted(by)]
+    rows += [["**all tasks**", *(total[c] for c in cols)], ["*trajectories*", *(trajs[c] for c in cols)]]
+    return md_table(["slice", *cols], rows)
 
 
 # ------------------------------------------------------------------------ holdout manifest
