@@ -1,8 +1,10 @@
 """The runtime contract every sandbox backend implements (local bubblewrap, Docker, ...).
 
 Tools, verifiers and the pristine verification (`sandboxes.verify`) only use these methods, so
-a backend that passes `tests/sandboxes/test_conformance.py` is interchangeable with the local one
-(inspect_ai's SandboxEnvironment: exec / read / write plus a lifecycle, registered by name).
+a backend that passes the same tests as the local one (`tests/sandboxes/test_runtime.py`,
+`test_docker_runtime.py` for Docker, and the exploit replay of `test_reward_integrity.py`) is
+interchangeable with it (inspect_ai's SandboxEnvironment: exec / read / write plus a
+lifecycle, registered by name: `make_runtime("local" | "docker", ...)`).
 
 Paths are relative to the episode's repository root; helpers refuse paths that escape it
 (`PathEscape`). `run_tests` returns a `TestReport` whose `infra_error` is set only for faults of

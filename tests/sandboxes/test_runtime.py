@@ -259,3 +259,18 @@ def test_file_helpers_refuse_escapes(rt):
         with pytest.raises(PathEscape):
             ep.write_file(".git", "gitdir: /etc\n")
         assert ep.write_file("/repo/sub/../ok.py", "1\n") == "ok.py"
+
+
+def test_runtimes_are_registered_by_name_and_conform_to_the_protocol(tmp_path):
+    from sandboxes.protocol import Episode, Runtime, make_runtime
+    rt = make_runtime("local", root=tmp_path / "rt")
+    assert isinstance(rt, LocalRuntime) and isinstance(rt, Runtime)
+    with rt.episode(bundle()) as ep:
+        assert isinstance(ep, Episode)
+        assert ep.pristine_bytes("solution.py") == FILES["solution.py"].encode()
+        ep.write_bytes("solution.py", FIX.encode())
+        assert ep.read_bytes("solution.py") == FIX.encode() and ep.disk_usage() > 0
+        assert ep.pristine_bytes("solution.py") == FILES["solution.py"].encode()   # never the worktree
+        assert ep.pristine_bytes("missing.py") is None
+    with pytest.raises(ValueError, match="unknown sandbox runtime"):
+        make_runtime("nonesuch")
