@@ -9,13 +9,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import select
 import socket
 import subprocess
 import sys
 import tarfile
 import threading
-import time
 from pathlib import Path
 
 from sandboxes.runtime import PathEscape
@@ -138,21 +136,9 @@ class _Ops:
             raise OSError(f"the in-container file helper did not start ({first})")
 
     def _readline(self, timeout: float):
-        fd = self.proc.stdout.fileno()
-        end = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = end - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return None
-            b = os.read(fd, 1 << 20)
-            if not b:
-                return None
-            self._buf += b
-        line, self._buf = self._buf.split(b"\n", 1)
-        try:
-            return json.loads(line)
-        except ValueError:
-            return None
+        from sandboxes.pytest_worker import read_json_line
+        obj, self._buf = read_json_line(self.proc.stdout.fileno(), self._buf, timeout)
+        return obj
 
     def call(self, req: dict, timeout: float = 60):
         resp = None

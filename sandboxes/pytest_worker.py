@@ -545,6 +545,25 @@ def serve(root: str, kill_strays: bool) -> None:
 
 
 # ----------------------------------------------------------------------------- on the host
+def read_json_line(fd: int, buf: bytes, timeout: float) -> tuple[dict | None, bytes]:
+    """The next JSON line from a helper process's stdout within `timeout` (None on EOF, timeout
+    or garbage), and what was read past it. Shared by every host-side helper client."""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None, buf
+        b = os.read(fd, 1 << 20)
+        if not b:
+            return None, buf
+        buf += b
+    line, buf = buf.split(b"\n", 1)
+    try:
+        return json.loads(line), buf
+    except ValueError:
+        return None, buf
+
+
 class PytestWorkerClient:
     """Host side: starts the worker through an isolation runner, sends requests, reads answers.
 
@@ -586,23 +605,8 @@ class PytestWorkerClient:
             return ""
 
     def _readline(self, timeout: float) -> dict | None:
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
-                b = os.read(fd, 1 << 20)
-                if not b:
-                    return None
-                self._buf += b
-        line, self._buf = self._buf.split(b"\n", 1)
-        try:
-            return json.loads(line)
-        except ValueError:
-            return None
+        obj, self._buf = read_json_line(self.proc.stdout.fileno(), self._buf, timeout)
+        return obj
 
     def request(self, test_ids, coverage: bool, timeout: float, max_output: int) -> dict:
         if self.proc is None or self.proc.poll() is not None:
