@@ -7,7 +7,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DAGSTER_DISABLE_TELEMETRY := true
 export PYTHONHASHSEED := 0
 
-.PHONY: install sysdeps docker-engine demo test test-all bench ui validate clean
+.PHONY: install sysdeps docker-engine demo test test-all mutation bench ui validate clean
 
 # System packages: bubblewrap isolates sandbox episodes (installed once, needs root/apt).
 # docker.io + debootstrap give the Docker runtime an engine and a base image built offline;
@@ -46,6 +46,35 @@ test-all: install
 
 validate: install
 	DAGSTER_HOME=$(RATCHET_HOME)/dagster $(VENV)/bin/dagster definitions validate -w workspace.yaml
+
+# Mutation testing, outside `make test`: mutmut (the `dev` extra) mutates each target in a copy
+# of the work tree under $(MUT_DIR) (the checkout is never touched) and runs only the tests that
+# cover it. `make mutation MUTATION_TARGETS=verifiers` runs one; survivors are listed at the end
+# (`cd $(MUT_DIR) && mutmut show ID` prints a survivor's diff). Exit code 0 even with survivors.
+MUT_DIR ?= $(RATCHET_HOME)/mutation
+MUTATION_TARGETS ?= verifiers governance ingest
+MUT_PYTEST := $(abspath $(PY)) -m pytest -x -q -p no:cacheprovider -m 'not slow' --timeout 300
+mut_paths_verifiers := sandboxes/verifiers/
+mut_tests_verifiers := tests/sandboxes/test_verifiers.py
+mut_paths_governance := ratchet/governance/
+mut_tests_governance := tests/governance --ignore=tests/governance/test_assets.py
+mut_paths_ingest := ratchet/ingest.py
+mut_tests_ingest := tests/ingest --ignore=tests/ingest/test_assets.py --ignore=tests/ingest/test_cli.py
+
+mutation: $(VENV)/.installed
+	$(PIP) install -q -e '.[dev]'
+	rm -rf $(MUT_DIR) && mkdir -p $(MUT_DIR)
+	git ls-files -co --exclude-standard -z | xargs -0 tar -cf - | tar -xf - -C $(MUT_DIR)
+	cp ratchet/governance/*.so $(MUT_DIR)/ratchet/governance/ 2>/dev/null || true
+	cd $(MUT_DIR) && for t in $(MUTATION_TARGETS); do \
+	  case $$t in \
+	    verifiers) p="$(mut_paths_verifiers)"; r="$(MUT_PYTEST) $(mut_tests_verifiers)";; \
+	    governance) p="$(mut_paths_governance)"; r="$(MUT_PYTEST) $(mut_tests_governance)";; \
+	    ingest) p="$(mut_paths_ingest)"; r="$(MUT_PYTEST) $(mut_tests_ingest)";; \
+	    *) echo "unknown mutation target $$t" >&2; exit 2;; esac; \
+	  echo "== mutmut: $$p  (tests: $$r)"; \
+	  $(abspath $(VENV))/bin/mutmut run --paths-to-mutate "$$p" --runner "$$r" --tests-dir tests --simple-output --no-progress --CI || exit 1; \
+	done; $(abspath $(VENV))/bin/mutmut results
 
 bench: install
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
