@@ -91,3 +91,33 @@ def test_every_slice_is_spread_across_splits_like_the_whole(seed):
         for split, t in tgt.items():
             want = n * t / len(items)
             assert abs(per[(s, split)] - want) <= 1.0, (seed, s, split, per[(s, split)], want)
+
+
+def test_warehouse_items_carry_repo_and_issue_into_the_gate(wh, tmp_path):
+    """The asset's path: ingested rows -> `store.governance_items` -> the gate with the asset's keys."""
+    import random
+
+    import orjson
+
+    from ratchet.ingest import ingest
+    from ratchet.synth import trajectory
+
+    rng = random.Random(5)
+    a, b, c = (trajectory(i, rng) for i in range(3))
+    b.update(repo=a["repo"], issue_id=a["issue_id"])              # b shares a's repo and issue
+    c.update(repo="zeta/other", issue_id="zeta/other#1")
+    (tmp_path / "t.jsonl").write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in (a, b, c)))
+    ingest([tmp_path / "t.jsonl"], wh)
+    with wh.connect() as con:
+        store.ensure_schema(con)
+        items = store.governance_items(con)
+        rid = dict(con.execute("SELECT trajectory_id, record_id FROM trajectories").fetchall())
+    item = {t: f"{store.TRAJ_PREFIX}{rid[t]}" for t in rid}
+    got = {r["id"]: (r["repo"], r["issue_id"]) for r in items.to_pylist()}
+    assert got[item[a["trajectory_id"]]] == got[item[b["trajectory_id"]]] == (a["repo"], a["issue_id"])
+    split = {a["trajectory_id"]: "train", b["trajectory_id"]: "holdout", c["trajectory_id"]: "val"}
+    rep = contamination_report([{"id": item[t], "split": s} for t, s in split.items()], items, id_col="id",
+                               text_col=None, code_cols=(), key_cols=store.CONTAMINATION_KEYS)
+    assert not rep["passed"] and rep["counts"]["repo"] == 1 and rep["counts"]["issue"] == 1
+    assert {p["a"] for k in ("repo", "issue") for p in rep["pairs"][k]} | {
+        p["b"] for k in ("repo", "issue") for p in rep["pairs"][k]} == {item[a["trajectory_id"]], item[b["trajectory_id"]]}
