@@ -53,7 +53,9 @@ def test_candidates_are_indexed_deterministic_and_parse():
 
 def test_out_of_range_and_unparsable():
     assert propose_edits(SRC, 99) == [] and propose_edits("def f(:\n", 1) == []
-    assert propose_edits(SRC, 1) == [] or all(c.line == 1 for c in propose_edits(SRC, 1))
+    assert propose_edits(SRC, 1) == []          # a `def` line has no operator to change
+    on_last = propose_edits(SRC, 6)            # `return max(total, k - 1)`: the constant and the sign
+    assert on_last and all(c.line == 6 for c in on_last)
     with pytest.raises(IndexError):
         apply_candidate(SRC, 4, 10_000)
 

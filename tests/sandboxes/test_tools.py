@@ -112,7 +112,9 @@ def test_run_tests_localize_propose_apply(env, task):
     assert env.reward.status == "scored" and env.reward.components["tests"] == 1.0 and env.reward.value > 0.9
     assert env.step("run_tests", {}).startswith("error: the episode is over")
     assert [s.tool for s in env.steps][-1] == "submit"
-    assert all(s.duration_s >= 0 and isinstance(s.observation, str) for s in env.steps)
+    assert all(isinstance(s.observation, str) and s.observation for s in env.steps)
+    assert [s.index for s in env.steps] == list(range(len(env.steps)))
+    assert sum(s.duration_s for s in env.steps) > 0 and env.sandbox_s > 0
 
 
 def test_bad_calls_are_error_observations(env):
