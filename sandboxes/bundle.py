@@ -29,10 +29,8 @@ TEST_CONFIG = (
     "*conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "pytest_*.py",
     "*/pytest_*.py", "noxfile.py",
 )
-DEFAULT_TOOLS = (
-    "view_issue", "list_files", "read_file", "search", "edit", "write_file", "apply_patch",
-    "run_tests", "localize", "propose_edits", "apply_edit", "submit",
-)
+# Every tool (`sandboxes.tools.TOOL_SCHEMAS` is the one list of names), in schema order.
+from sandboxes.tools import TOOL_NAMES as DEFAULT_TOOLS  # noqa: E402  (tools imports no bundle)
 
 
 @dataclass(frozen=True)

@@ -307,8 +307,5 @@ def submit(env, explanation: str) -> str:
     return f"submitted: reward={value} status={r.status} {comps}".rstrip()
 
 
-IMPLEMENTATIONS = {"view_issue": view_issue, "list_files": list_files, "read_file": read_file,
-                   "search": search, "edit": edit, "write_file": write_file,
-                   "apply_patch": apply_patch, "run_tests": run_tests, "localize": localize,
-                   "propose_edits": propose_edits, "apply_edit": apply_edit, "submit": submit}
-assert set(IMPLEMENTATIONS) == set(TOOL_NAMES)
+# The schemas are the one list of tool names: each names the function below that serves it.
+IMPLEMENTATIONS = {name: globals()[name] for name in TOOL_NAMES}

@@ -15,10 +15,25 @@ from sandboxes.agents.baselines import run_random, run_sbfl
 from sandboxes.agents.expert import run_expert
 from sandboxes.agents.noisy import run_noisy
 
-AGENTS = ("expert", "noisy", "random", "sbfl")
+# One registry: name -> runner(env, rng, **kw). Add an agent with `register_agent`.
+_REGISTRY: dict = {}
 
-__all__ = ["AGENTS", "AgentRun", "Session", "run_agent", "run_expert", "run_noisy", "run_random",
-           "run_sbfl"]
+
+def register_agent(name: str, runner) -> None:
+    """Make `run_agent(name, ...)` call `runner(env, rng, **kw)` (env: a reset-able RepairEnv)."""
+    if name in _REGISTRY:
+        raise ValueError(f"agent {name!r} is already registered")
+    _REGISTRY[name] = runner
+
+
+register_agent("expert", lambda env, rng, **kw: run_expert(env, **kw))
+register_agent("noisy", run_noisy)
+register_agent("random", run_random)
+register_agent("sbfl", lambda env, rng, **kw: run_sbfl(env, **kw))
+AGENTS = tuple(_REGISTRY)          # the built-in ones, in a stable order
+
+__all__ = ["AGENTS", "AgentRun", "Session", "register_agent", "run_agent", "run_expert",
+           "run_noisy", "run_random", "run_sbfl"]
 
 
 def run_agent(name: str, bundle, *, seed: int = 0, runtime=None, max_turns: int | None = None,
@@ -26,14 +41,9 @@ def run_agent(name: str, bundle, *, seed: int = 0, runtime=None, max_turns: int 
     """One episode of `bundle` with agent `name` in a fresh RepairEnv (closed afterwards)."""
     from sandboxes.env import RepairEnv
 
+    runner = _REGISTRY.get(name)
+    if runner is None:
+        raise ValueError(f"unknown agent {name!r}; one of {tuple(_REGISTRY)}")
     rng = random.Random(f"{name}:{seed}:{bundle.task_id}")
     with RepairEnv(bundle, runtime=runtime, max_turns=max_turns) as env:
-        if name == "expert":
-            return run_expert(env, **kw)
-        if name == "noisy":
-            return run_noisy(env, rng, **kw)
-        if name == "random":
-            return run_random(env, rng, **kw)
-        if name == "sbfl":
-            return run_sbfl(env, **kw)
-        raise ValueError(f"unknown agent {name!r}; one of {AGENTS}")
+        return runner(env, rng, **kw)

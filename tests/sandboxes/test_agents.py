@@ -84,3 +84,20 @@ def test_harness_baselines_respect_the_attempt_budget(runtime, tasks):
                 assert "localize" not in [s.tool for s in run.steps]
     with pytest.raises(ValueError):
         run_agent("oracle", tasks[0], runtime=runtime)
+
+
+def test_agents_come_from_one_registry():
+    import sandboxes.agents as agents
+    assert agents.AGENTS == ("expert", "noisy", "random", "sbfl")
+    with pytest.raises(ValueError, match="unknown agent 'nope'; one of"):
+        agents.run_agent("nope", None)
+    with pytest.raises(ValueError, match="already registered"):
+        agents.register_agent("expert", lambda env, rng: None)
+
+
+def test_tool_names_have_one_source():
+    from sandboxes.bundle import DEFAULT_TOOLS, TaskBundle
+    from sandboxes.tools import IMPLEMENTATIONS, SCHEMAS_BY_NAME, TOOL_NAMES
+    assert DEFAULT_TOOLS == TOOL_NAMES == tuple(IMPLEMENTATIONS) == tuple(SCHEMAS_BY_NAME)
+    assert all(IMPLEMENTATIONS[n].__name__ == n for n in TOOL_NAMES)
+    assert TaskBundle(task_id="x").tool_allowlist == TOOL_NAMES
