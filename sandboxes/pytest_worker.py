@@ -545,6 +545,9 @@ def serve(root: str, kill_strays: bool) -> None:
 
 
 # ----------------------------------------------------------------------------- on the host
+NOT_STARTED = "pytest worker failed to start"    # the prefix of every start failure (no agent code ran)
+
+
 def read_json_line(fd: int, buf: bytes, timeout: float) -> tuple[dict | None, bytes]:
     """The next JSON line from a helper process's stdout within `timeout` (None on EOF, timeout
     or garbage), and what was read past it. Shared by every host-side helper client."""
@@ -588,13 +591,13 @@ class PytestWorkerClient:
                                           stderr=self._err)
         except OSError as e:
             self.close()
-            return f"pytest worker failed to start: spawn failed: {e}"
+            return f"{NOT_STARTED}: spawn failed: {e}"
         self._buf = b""
         first = self._readline(self.start_timeout)
         if first is None or not first.get("ready"):
             err = self._stderr_tail()
             self.close()
-            return f"pytest worker failed to start: {err or first}"
+            return f"{NOT_STARTED}: {err or first}"
         return None
 
     def _stderr_tail(self) -> str:

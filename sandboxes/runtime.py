@@ -67,7 +67,6 @@ log = logging.getLogger(__name__)
 _UID_BASE, _UID_SPAN = 200_000, 800_000
 _WORKER = str(Path(__file__).with_name("pytest_worker.py"))
 _OPEN: "weakref.WeakSet[Episode]" = weakref.WeakSet()
-_NOT_STARTED = "pytest worker failed to start"
 
 
 @dataclass
@@ -269,7 +268,8 @@ class Episode:
         self._check_open()
         t = min(timeout or self.limits.wall_s, max(self.limits.wall_s, self.limits.verify_s))
         rep = self._run_tests_raw(test_ids, coverage, t)
-        if rep.infra_error and rep.infra_error.startswith(_NOT_STARTED):
+        from sandboxes.pytest_worker import NOT_STARTED
+        if rep.infra_error and rep.infra_error.startswith(NOT_STARTED):
             self._clear_uid()
             rep = self._run_tests_raw(test_ids, coverage, t)
             return rep                  # a worker that cannot start twice: the harness's fault
