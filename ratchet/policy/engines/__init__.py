@@ -1,0 +1,1 @@
+"""Policy engines behind ratchet.policy.base.Policy (imported lazily by make_policy)."""
