@@ -1,14 +1,22 @@
 """Stage 1: trajectory ingest (landing folder -> `trajectories` + `quarantine`)."""
 # No `from __future__ import annotations`: Dagster resolves Config annotations at import time.
 
-from dagster import (AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, AssetKey,
-                     AssetSpec, Config, MaterializeResult, MetadataValue, asset_check, multi_asset)
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    AssetSpec,
+    Config,
+    Definitions,
+    MaterializeResult,
+    MetadataValue,
+    asset_check,
+    multi_asset,
+)
 
 from ratchet.markdown import md_table
 from resources import MlflowTracking, WarehouseResource
-
-SCALAR_COLUMNS = ("record_id, trajectory_id, task_id, source_format, schema_version, cost_usd, latency_s, "
-                  "prompt_tokens, completion_tokens, n_turns, n_tool_calls, started_at, ended_at")
 
 
 class IngestConfig(Config):
@@ -53,17 +61,16 @@ def ingest_assets(context: AssetExecutionContext, config: IngestConfig, warehous
         run.log_metrics({k: getattr(s, k) for k in ("read", "accepted", "quarantined", "duplicates", "id_clashes")})
         run.log_dict(s.as_dict(), "ingest_summary.json")
         run.log_artifact(str(chart))
-    with wh.connect() as con:
-        total, = con.execute("SELECT count(*) FROM trajectories").fetchone()
-        qtotal, = con.execute("SELECT count(*) FROM quarantine").fetchone()
+    store = warehouse.store()
+    total, qtotal = store.count("trajectories"), store.count("quarantine")
     common = {"batch_id": s.batch_id, "read": s.read, "duplicates": s.duplicates,
               "mlflow_run": MetadataValue.url(run.url), "chart": MetadataValue.path(str(chart))}
     yield MaterializeResult(asset_key="trajectories", metadata={
-        **common, "accepted": s.accepted, "id_clashes": s.id_clashes, "rows_total": total,
+        **common, "accepted": s.accepted, "dagster/row_count": total, "id_clashes": s.id_clashes, "rows_total": total,
         "attribution_conflicts": s.attribution_conflicts, "compacted_parts": s.compacted_parts,
         "by_format": MetadataValue.json(s.by_format), "seconds": s.seconds})
     yield MaterializeResult(asset_key="quarantine", metadata={
-        **common, "quarantined": s.quarantined, "rows_total": qtotal,
+        **common, "quarantined": s.quarantined, "dagster/row_count": qtotal, "rows_total": qtotal,
         "reasons": MetadataValue.md(_reasons_md(s.quarantine_reasons)),
         "skipped_files": s.skipped, "skip_reasons": MetadataValue.json(s.skip_reasons),
         "superseded": s.superseded})
@@ -79,12 +86,9 @@ def _reasons_md(reasons: dict) -> str:
              description="Contract v1 expectations (great-expectations) over every stored trajectory.")
 def trajectories_contract(warehouse: WarehouseResource) -> AssetCheckResult:
     from ratchet.adapters import FORMATS
-    from ratchet.validation import validate_trajectories
+    from ratchet.validation import STORED_COLUMNS_SQL, validate_trajectories
 
-    wh = warehouse.get()
-    with wh.connect() as con:
-        df = con.execute(f"SELECT {SCALAR_COLUMNS} FROM trajectories").df()
-    rep = validate_trajectories(df, FORMATS)
+    rep = validate_trajectories(warehouse.store().df(STORED_COLUMNS_SQL), FORMATS)
     return AssetCheckResult(passed=rep.success, severity=AssetCheckSeverity.ERROR, metadata={
         "rows": rep.rows, "expectations": len(rep.results), "failed": len(rep.failed),
         "results": MetadataValue.json(rep.results)})
@@ -93,12 +97,16 @@ def trajectories_contract(warehouse: WarehouseResource) -> AssetCheckResult:
 @asset_check(asset=AssetKey("quarantine"), blocking=False,
              description="Warns when the latest ingest quarantined more than 10% of what it read.")
 def quarantine_rate(warehouse: WarehouseResource) -> AssetCheckResult:
-    wh = warehouse.get()
-    with wh.connect() as con:
-        row = con.execute("""SELECT batch_id, "read", quarantined FROM ingest_batches
-                             ORDER BY finished_at DESC LIMIT 1""").fetchone()
-        missing, = con.execute("SELECT count(*) FROM quarantine WHERE reason_code IS NULL OR raw IS NULL").fetchone()
-    rate = (row[2] / row[1]) if row and row[1] else 0.0
+    from ratchet.validation import LAST_BATCH_SQL, UNEXPLAINED_QUARANTINE_SQL
+
+    store = warehouse.store()
+    last = store.read(LAST_BATCH_SQL)
+    missing = store.scalar(UNEXPLAINED_QUARANTINE_SQL)
+    row = last[0] if last else None
+    rate = (row["quarantined"] / row["read"]) if row and row["read"] else 0.0
     return AssetCheckResult(passed=rate <= 0.10 and missing == 0, severity=AssetCheckSeverity.WARN,
-                            metadata={"batch_id": row[0] if row else None, "rate": rate,
+                            metadata={"batch_id": row["batch_id"] if row else None, "rate": rate,
                                       "rows_without_reason_or_payload": missing})
+
+
+defs = Definitions(assets=[ingest_assets], asset_checks=[trajectories_contract, quarantine_rate])

@@ -2,7 +2,15 @@
 # No `from __future__ import annotations`: Dagster resolves Config annotations at import time.
 from typing import Optional
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetSpec,
+    Config,
+    Definitions,
+    MaterializeResult,
+    MetadataValue,
+    multi_asset,
+)
 
 from ratchet.markdown import md_table
 from resources import WarehouseResource
@@ -15,31 +23,32 @@ class TaskSuiteConfig(Config):
     cache_dir: Optional[str] = None  # default $RATCHET_SUITE_CACHE or RATCHET_HOME/cache/humaneval-suite
 
 
-@asset(group_name="tasks", kinds={"duckdb"}, pool="warehouse",
-       description="Verified HumanEval repair tasks (seeded AST mutants): the `tasks` table, replaced whole.")
+@multi_asset(name="task_suite", pool="warehouse", specs=[AssetSpec(
+    "tasks", group_name="tasks", kinds={"duckdb"},
+    description="Verified HumanEval repair tasks (seeded AST mutants), replaced whole by each run.")])
 def task_suite(context: AssetExecutionContext, config: TaskSuiteConfig, warehouse: WarehouseResource) -> MaterializeResult:
     from collections import Counter
 
-    from ratchet.governance import store
+    from ratchet.governance.tasks import task_rows
     from sandboxes.humaneval import build_suite
     from sandboxes.humaneval.suite import cache_key
 
     suite = build_suite(seed=config.seed, limit=config.limit, per_problem=config.per_problem,
                         cache_dir=config.cache_dir)
     key = cache_key(suite.params)
-    rows = store.task_rows(suite.tasks, suite_key=key)
-    wh = warehouse.get()
-    with wh.connect() as con:
-        store.ensure_schema(con)
-        n = store.replace(con, "tasks", rows)
+    rows = task_rows(suite.tasks, suite_key=key)
+    n = warehouse.store().replace("tasks", rows)
     context.log.info(f"tasks: {n} from {suite.stats.get('problems_used')} problems "
                      f"({'cache' if suite.cached else f'built in {suite.build_seconds:.1f} s'})")
     rejected = suite.stats.get("rejected", {})
     md = md_table(["reason", "mutants"], [(f"`{k}`", v) for k, v in sorted(rejected.items(), key=lambda kv: -kv[1])])
     return MaterializeResult(metadata={
-        "tasks": n, "problems": suite.stats.get("problems"), "problems_used": suite.stats.get("problems_used"),
+        "tasks": n, "dagster/row_count": n, "problems": suite.stats.get("problems"), "problems_used": suite.stats.get("problems_used"),
         "problems_dropped": MetadataValue.json(suite.stats.get("problems_dropped", {})),
         "generated": suite.stats.get("generated"), "rejected": MetadataValue.md(md if rejected else "none rejected"),
         "by_slice": MetadataValue.json(dict(sorted(Counter(r["slice"] for r in rows).items()))),
         "environment_ids": MetadataValue.json(sorted({r["environment_id"] for r in rows})),
         "suite_key": key, "cached": suite.cached, "seed": config.seed, "limit": config.limit or 0})
+
+
+defs = Definitions(assets=[task_suite])

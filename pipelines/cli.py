@@ -112,8 +112,9 @@ def _holdout_path(args, home) -> Path:
 
 
 def cmd_holdout_show(args) -> int:
-    from ratchet.governance import store
+    from ratchet.governance.holdout import LOG_SQL, holdout_state
     from ratchet.governance.manifest import ManifestError
+    from ratchet.store import fetch
     from ratchet.warehouse import Warehouse
 
     home = _home(args)
@@ -121,11 +122,9 @@ def cmd_holdout_show(args) -> int:
     wh = Warehouse(home.warehouse)
     wh.ensure_schema()
     with wh.connect() as con:
-        store.ensure_schema(con)
-        log = store.fetch(con, "SELECT seq, event_at, event, version, manifest_sha256, n_tasks, actor, reason "
-                               "FROM holdout_manifest_log ORDER BY seq DESC LIMIT ?", [args.log])
+        log = fetch(con, LOG_SQL, [args.log])
         try:
-            state = store.holdout_state(con, path)
+            state = holdout_state(con, path)
             err = None
         except ManifestError as e:
             state, err = None, str(e)
@@ -145,7 +144,7 @@ def cmd_holdout_show(args) -> int:
 
 
 def cmd_holdout_unlock(args) -> int:
-    from ratchet.governance import store
+    from ratchet.governance.holdout import unlock_holdout
     from ratchet.governance.manifest import ManifestError
     from ratchet.warehouse import Warehouse
 
@@ -155,8 +154,7 @@ def cmd_holdout_unlock(args) -> int:
     wh.ensure_schema()
     try:
         with wh.connect() as con:
-            store.ensure_schema(con)
-            m, row = store.unlock_holdout(con, path, args.reason, args.actor)
+            m, row = unlock_holdout(con, path, args.reason, args.actor)
     except ManifestError as e:
         print(f"ratchet holdout unlock: {e}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 
 def ingest_chart(summary, path: Path) -> Path:
@@ -17,6 +18,24 @@ def ingest_chart(summary, path: Path) -> Path:
     reasons = summary.quarantine_reasons or {"none": 0}
     b.barh(list(reasons), list(reasons.values()), color="#e76f51")
     b.set_title("quarantine reasons")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def cluster_chart(hist: Mapping[str, int], title: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.bar(list(hist), list(hist.values()), color="#457b9d")
+    ax.set_xlabel("cluster size (items)")
+    ax.set_ylabel("clusters")
+    ax.set_title(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)

@@ -5,6 +5,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+# What the trajectories_contract check validates, and the quarantine_rate check's inputs.
+STORED_COLUMNS_SQL = """SELECT record_id, trajectory_id, task_id, source_format, schema_version, cost_usd, latency_s,
+                               prompt_tokens, completion_tokens, n_turns, n_tool_calls, started_at, ended_at
+                        FROM trajectories"""
+LAST_BATCH_SQL = 'SELECT batch_id, "read", quarantined FROM ingest_batches ORDER BY finished_at DESC LIMIT 1'
+UNEXPLAINED_QUARANTINE_SQL = "SELECT count(*) FROM quarantine WHERE reason_code IS NULL OR raw IS NULL"
+
 
 @dataclass
 class ValidationReport:

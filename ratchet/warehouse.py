@@ -236,7 +236,8 @@ class Warehouse:
                 time.sleep(0.05)
 
     def ensure_schema(self, con=None) -> None:
-        """Create the ingest tables and analyst views (idempotent). Other stages add their own."""
+        """Create every table and analyst view (idempotent): ingest's here, the other layers' from
+        their `tables` modules (ratchet.tables.LAYERS)."""
         with (self.connect() if con is None else _same(con)) as c:
             self.trajectory_dir.mkdir(parents=True, exist_ok=True)
             empty = self.trajectory_dir / "_empty.parquet"  # read_parquet needs one file to match
@@ -262,6 +263,9 @@ class Warehouse:
                 c.execute(f"ALTER TABLE ingest_files ADD COLUMN IF NOT EXISTS {col}")
             for name, sql in VIEWS.items():
                 c.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+            from ratchet.tables import ensure_all
+
+            ensure_all(c)                 # every other layer's tables and views, declared once each
 
     def _list_existing(self, con) -> None:
         import pyarrow.parquet as pq
@@ -381,6 +385,11 @@ class Warehouse:
     def query(self, sql: str, params: list | None = None) -> "pa.Table":
         with self.connect() as con:
             return con.sql(sql, params=params or None).to_arrow_table()
+
+    def store(self) -> "Store":  # noqa: F821
+        from ratchet.store import Store
+
+        return Store(self)
 
     def exists(self) -> bool:
         return self.path.exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dagster import ConfigurableResource
 
 from ratchet.home import get_home
+from ratchet.store import Store
 from ratchet.warehouse import Warehouse
 
 
@@ -17,3 +18,7 @@ class WarehouseResource(ConfigurableResource):
         wh = Warehouse(get_home(self.home).warehouse, lock_timeout_s=self.lock_timeout_s)
         wh.ensure_schema()
         return wh
+
+    def store(self) -> Store:
+        """Table I/O for an asset body (the schema is ensured once, here)."""
+        return Store(self.get())

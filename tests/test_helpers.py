@@ -5,8 +5,10 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
+from ratchet import clock, tables
 from ratchet.contract import duck_column_type, duck_ddl, parse_ts, utc_from_iso
-from ratchet.governance import consent, store
+from ratchet.governance import consent, splits
+from ratchet.governance import tables as gov_tables
 from ratchet.markdown import md_table
 
 NOON = datetime(2026, 11, 1, 12, tzinfo=timezone.utc)
@@ -17,9 +19,9 @@ STRINGS = ["2026-11-01T12:00:00Z", "2026-11-01T12:00:00+00:00", "2026-11-01T14:0
            "2026-11-01T07:00:00-05:00", "2026-11-01T12:00:00"]
 DATETIMES = [datetime(2026, 11, 1, 12), datetime(2026, 11, 1, 14, tzinfo=timezone(timedelta(hours=2))), NOON]
 READERS = {"utc_from_iso": utc_from_iso, "contract.parse_ts": lambda v: parse_ts(v, "t"), "consent._ts": consent._ts,
-           "store.parse_now": store.parse_now}
+           "clock.parse_now": clock.parse_now}
 CASES = [pytest.param(READERS[r], v, id=f"{r}-{v!s}") for r in READERS
-         for v in STRINGS + (DATETIMES if r != "store.parse_now" else [])]  # parse_now reads config strings
+         for v in STRINGS + (DATETIMES if r != "clock.parse_now" else [])]  # parse_now reads config strings
 
 
 @pytest.mark.parametrize("parse,value", CASES)
@@ -29,7 +31,7 @@ def test_every_timestamp_reader_gives_the_same_aware_utc_time(parse, value):
     assert t.isoformat() == "2026-11-01T12:00:00+00:00"
 
 
-@pytest.mark.parametrize("parse", [consent._ts, store.parse_now])
+@pytest.mark.parametrize("parse", [consent._ts, clock.parse_now])
 def test_absent_times(parse):
     if parse is consent._ts:
         assert parse(None) is None and parse("") is None
@@ -48,16 +50,16 @@ def test_arrow_field_to_duckdb_column_type(field, want):
     assert duck_column_type(field) == want
 
 
-@pytest.mark.parametrize("name", sorted(store.SCHEMAS))
+@pytest.mark.parametrize("name", sorted(gov_tables.SCHEMAS))
 def test_every_governance_table_ddl_comes_from_the_one_helper_and_runs(name):
     import duckdb
 
-    assert store.ddl(name) == duck_ddl(name, store.SCHEMAS[name])
+    assert tables.ddl(name) == duck_ddl(name, gov_tables.SCHEMAS[name])
     con = duckdb.connect()
-    con.execute(store.ddl(name))
-    con.execute(store.ddl(name))  # idempotent
+    con.execute(tables.ddl(name))
+    con.execute(tables.ddl(name))  # idempotent
     cols = [r[0] for r in con.execute(f"DESCRIBE {name}").fetchall()]
-    assert cols == store.SCHEMAS[name].names
+    assert cols == gov_tables.SCHEMAS[name].names
 
 
 @pytest.mark.parametrize("header,rows,want", [
@@ -73,7 +75,7 @@ def test_md_table(header, rows, want):
 def test_split_summary_md_is_a_md_table():
     rows = [{"kind": "task", "slice": "op", "split": "train"}, {"kind": "task", "slice": None, "split": "holdout"},
             {"kind": "trajectory", "slice": None, "split": "train"}]
-    assert store.split_summary_md(rows) == (
+    assert splits.split_summary_md(rows) == (
         "| slice | train | val | holdout | excluded_contaminated |\n|---|---|---|---|---|\n"
         "| (none) | 0 | 0 | 1 | 0 |\n| op | 1 | 0 | 0 | 0 |\n"
         "| **all tasks** | 1 | 0 | 1 | 0 |\n| *trajectories* | 1 | 0 | 0 | 0 |")

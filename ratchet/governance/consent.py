@@ -85,6 +85,22 @@ def load_grants(path: str | Path) -> dict[str, Grant]:
     return grants_from_rows(rows)
 
 
+def read_registry(path: str | Path, allow_missing: bool = False) -> dict[str, Grant]:
+    """The registry the consent_grants asset loads: a clear error for a malformed file, and for a
+    missing one unless `allow_missing` (then no grants: every trajectory is excluded)."""
+    path = Path(path)
+    if not path.exists():
+        if allow_missing:
+            return {}
+        raise FileNotFoundError(
+            f"consent registry not found at {path}. Create it (YAML list of grants with consent_id, tenant_id, "
+            f"scopes, retention_days, granted_at, revoked_at) or set allow_missing: true to run with no grants.")
+    try:
+        return load_grants(path)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"consent registry {path} is malformed: {type(e).__name__}: {e}") from e
+
+
 def grants_from_rows(rows: Iterable[Mapping]) -> dict[str, Grant]:
     out: dict[str, Grant] = {}
     for r in rows_of(rows):

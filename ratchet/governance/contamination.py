@@ -18,7 +18,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from .clusters import ast_edges, column, fingerprints, rows_of
-from .minhash import DEFAULT_NUM_PERM, DEFAULT_SCHEME, DEFAULT_SEED, DEFAULT_SHINGLE, signatures
+from .minhash import (
+    DEFAULT_NUM_PERM,
+    DEFAULT_SCHEME,
+    DEFAULT_SEED,
+    DEFAULT_SHINGLE,
+    signatures,
+)
 
 KINDS = ("exact_id", "repo", "issue", "minhash", "ast")
 SPLIT_NAMES = ("train", "val", "holdout")
@@ -125,3 +131,11 @@ def contamination_report(
 def report_rows(report: dict) -> list[dict]:
     """One row per overlapping pair: kind, a, b, split_a, split_b, score."""
     return [{"kind": kind, **p} for kind, ps in report["pairs"].items() for p in ps]
+
+
+def report_tables(report: dict, checked_at, run_id: str | None) -> dict[str, list[dict]]:
+    """The rows one check run appends: `contamination_report` (the verdict) and `contamination_pairs`."""
+    stamp = {"checked_at": checked_at, "dagster_run_id": run_id}
+    return {"contamination_report": [{**stamp, **{k: report[k] for k in (
+                "passed", "overlap_fraction", "n_items", "n_overlapping_items", "threshold", "counts", "examples")}}],
+            "contamination_pairs": [{**p, **stamp} for p in report_rows(report)]}

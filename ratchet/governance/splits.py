@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from .clusters import rows_of
 from .manifest import HoldoutManifest, verify_manifest
+from .tables import TASK_PREFIX, TRAJ_PREFIX
 
 SPLITS = ("train", "val", "holdout")
 EXCLUDED = "excluded_contaminated"
@@ -145,3 +146,77 @@ def assign_splits(
 
 def holdout_ids(assignments: Any) -> list[str]:
     return sorted(r["id"] for r in rows_of(assignments) if r["split"] == "holdout")
+
+
+# ------------------------------------------------- tasks and trajectories together (split_assignments)
+def _source(item_id: str) -> str:
+    return item_id.split(":", 1)[1] if item_id.startswith((TASK_PREFIX, TRAJ_PREFIX)) else item_id
+
+
+def governed_splits(items: Iterable[Mapping], targets: Mapping[str, int], seed: int = 0,
+                    manifest: HoldoutManifest | None = None, previous: Mapping[str, str] | None = None) -> list[dict]:
+    """Split tasks by cluster (`splits.assign_splits`, targets count tasks), then give every
+    trajectory the split of its cluster's tasks (holdout wins when a cluster holds a locked
+    holdout task and excluded near-copies). Trajectory-only clusters share train / val in the
+    targets' train:val ratio, stratified by tenant, and never enter holdout.
+    items: rows with id, kind ("task" | "trajectory"), cluster_id, slice, tenant_id.
+    Returns split_assignments rows (without timestamps)."""
+    items = list(items)
+    previous = previous or {}
+    tasks = [{"id": i["id"], "cluster_id": i["cluster_id"], "slice": i["slice"]} for i in items if i["kind"] == "task"]
+    out: dict[str, tuple[str, str]] = {}
+    if tasks:
+        # the manifest lists bare task ids: split on those, report namespaced ids
+        bare = {i["id"]: _source(i["id"]) for i in tasks}
+        t = assign_splits([{**i, "id": bare[i["id"]]} for i in tasks], targets=targets, seed=seed, manifest=manifest,
+                          previous={bare[i["id"]]: previous[i["id"]] for i in tasks if i["id"] in previous})
+        full = {v: k for k, v in bare.items()}
+        for r in t.to_pylist():
+            out[full[r["id"]]] = (r["split"], r["reason"])
+    task_clusters: dict[str, list[str]] = defaultdict(list)
+    for i in tasks:
+        task_clusters[i["cluster_id"]].append(i["id"])
+    trajs = [i for i in items if i["kind"] != "task"]
+    orphans = []
+    for i in trajs:
+        members = task_clusters.get(i["cluster_id"])
+        if not members:
+            orphans.append(i)
+            continue
+        splits = {out[m][0] for m in members}
+        split = "holdout" if "holdout" in splits else (splits - {EXCLUDED} or {EXCLUDED}).pop()
+        first = min(m for m in members if out[m][0] == split)
+        out[i["id"]] = (split, f"cluster_of_task {_source(first)}")
+    if orphans:
+        tr, va = int(targets.get("train", 0)), int(targets.get("val", 0))
+        if tr + va == 0:
+            tr = 1
+        scale = len(orphans) // (tr + va) + 2  # keeps the sum above n: split_targets goes proportional
+        prev = {i["id"]: previous[i["id"]] for i in orphans if previous.get(i["id"]) in ("train", "val")}
+        rows = [{"id": i["id"], "cluster_id": i["cluster_id"], "slice": i.get("tenant_id")} for i in orphans]
+        t = assign_splits(rows, targets={"train": tr * scale, "val": va * scale, "holdout": 0}, seed=seed, previous=prev)
+        for r in t.to_pylist():
+            out[r["id"]] = (r["split"], "trajectory_cluster" if r["reason"] == "assigned" else r["reason"])
+    return [{"id": i["id"], "kind": i["kind"], "source_id": _source(i["id"]), "cluster_id": i["cluster_id"],
+             "slice": i["slice"], "split": out[i["id"]][0], "reason": out[i["id"]][1], "tenant_id": i.get("tenant_id")}
+            for i in items]
+
+
+def split_summary_md(rows: Iterable[Mapping]) -> str:
+    """Markdown table: items per slice x split (tasks), then trajectories per split."""
+    cols = [*SPLITS, EXCLUDED]
+    by = defaultdict(Counter)
+    trajs = Counter()
+    for r in rows:
+        if r["kind"] == "task":
+            by[r["slice"] or "(none)"][r["split"]] += 1
+        else:
+            trajs[r["split"]] += 1
+    from ratchet.markdown import md_table
+
+    total = Counter()
+    for c in by.values():
+        total.update(c)
+    rows = [[s, *(by[s][c] for c in cols)] for s in sorted(by)]
+    rows += [["**all tasks**", *(total[c] for c in cols)], ["*trajectories*", *(trajs[c] for c in cols)]]
+    return md_table(["slice", *cols], rows)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.governance import store
+from ratchet import store
+from ratchet.governance import checkpoints
 
 pytestmark = pytest.mark.governance
 
@@ -64,8 +65,6 @@ def _wh(root: Path):
 
     w = Warehouse(Path(root) / "warehouse.duckdb")
     w.ensure_schema()
-    with w.connect() as con:
-        store.ensure_schema(con)
     return w
 
 
@@ -75,17 +74,27 @@ def _q(root, sql, params=None):
 
 
 def _assets():
-    from assets.consent import checkpoint_flags, consent_grants, training_views, training_views_clean
-    from assets.splits import contamination, dedup_clusters, holdout_manifest, split_assignments
+    from assets.consent import (
+        checkpoint_flags,
+        consent_grants,
+        training_set_clean,
+        training_views,
+    )
+    from assets.splits import (
+        contamination,
+        dedup_clusters,
+        holdout_manifest,
+        split_assignments,
+    )
     from assets.tasks import task_suite
 
     return {"task_suite": task_suite, "dedup_clusters": dedup_clusters, "split_assignments": split_assignments,
             "contamination": contamination, "holdout_manifest": holdout_manifest, "consent_grants": consent_grants,
-            "training_views": training_views, "training_views_clean": training_views_clean,
+            "training_views": training_views, "training_set_clean": training_set_clean,
             "checkpoint_flags": checkpoint_flags}
 
 
-CONSENT_ONLY = ("consent_grants", "training_views", "training_views_clean", "checkpoint_flags")
+CONSENT_ONLY = ("consent_grants", "training_views", "training_set_clean", "checkpoint_flags")
 
 
 def run(root, cache, *, limit=LIMIT, only=None, dedup=None, consent=None):
@@ -161,26 +170,27 @@ def test_definitions_wire_governance_into_the_graph():
 
     g = defs.resolve_asset_graph()
     up = {k: {p.to_user_string() for p in g.get(AssetKey(k)).parent_keys}
-          for k in ("dedup_clusters", "split_assignments", "holdout_manifest", "training_views", "checkpoint_flags")}
-    assert up["dedup_clusters"] == {"task_suite", "trajectories"}
+          for k in ("dedup_clusters", "dedup_edges", "split_assignments", "holdout_manifest", "training_set",
+                    "consent_audit", "checkpoint_flags")}
+    assert up["dedup_clusters"] == up["dedup_edges"] == {"tasks", "trajectories"}
     assert up["split_assignments"] == {"dedup_clusters"} and up["holdout_manifest"] == {"split_assignments"}
-    assert {"split_assignments", "holdout_manifest", "consent_grants"} <= up["training_views"]
+    assert {"split_assignments", "holdout_manifest", "consent_grants"} <= up["training_set"] == up["consent_audit"]
     blocking = {k.name: g.get_check_spec(k).blocking for k in g.asset_check_keys}
-    assert blocking["contamination"] and blocking["training_views_clean"]
-    assert g.get(AssetKey("task_suite")).group_name == "tasks"
+    assert blocking["contamination"] and blocking["training_set_clean"]
+    assert g.get(AssetKey("tasks")).group_name == "tasks"
     assert {g.get(AssetKey(k)).group_name for k in ("dedup_clusters", "split_assignments", "holdout_manifest")} == {"governance"}
     job = defs.resolve_job_def("governance_job")  # raises if the job is missing
     assert {k.to_user_string() for k in job.asset_layer.selected_asset_keys} == {
-        "task_suite", "dedup_clusters", "split_assignments", "holdout_manifest", "consent_grants", "training_views",
-        "checkpoint_flags"}
+        "tasks", "dedup_clusters", "dedup_edges", "split_assignments", "holdout_manifest", "consent_grants",
+        "training_set", "consent_audit", "checkpoint_flags"}
 
 
 def test_graph_materialises_and_every_check_passes(base):
     res, root = base["res"], base["root"]
     assert res.success, failures(res)
-    assert checks(res) == {"contamination": True, "training_views_clean": True}
-    assert materialized(res) >= {"task_suite", "dedup_clusters", "split_assignments", "holdout_manifest",
-                                 "consent_grants", "training_views", "checkpoint_flags"}
+    assert checks(res) == {"contamination": True, "training_set_clean": True}
+    assert materialized(res) >= {"tasks", "dedup_clusters", "dedup_edges", "split_assignments", "holdout_manifest",
+                                 "consent_grants", "training_set", "consent_audit", "checkpoint_flags"}
     n_tasks = len(base["suite"].tasks)
     assert _q(root, "SELECT count(*) AS n FROM tasks")[0]["n"] == n_tasks
     t = _q(root, "SELECT * FROM tasks LIMIT 1")[0]
@@ -245,7 +255,7 @@ def test_planted_near_duplicate_fails_contamination_and_blocks_downstream(base, 
     assert not res.success
     assert checks(res) == {"contamination": False}
     done = materialized(res)
-    assert "split_assignments" in done and not done & {"holdout_manifest", "training_views"}
+    assert "split_assignments" in done and not done & {"holdout_manifest", "training_set"}
     ev = next(e for e in res.get_asset_check_evaluations() if e.check_name == "contamination")
     assert ev.metadata["pairs_by_kind"].value["minhash"] >= 1 and ev.metadata["overlap_pct"].value > 0
     last = _q(root, "SELECT * FROM contamination_report ORDER BY checked_at DESC LIMIT 1")[0]
@@ -297,7 +307,7 @@ def test_tampered_or_missing_manifest_fails_the_run(base, home_copy):
     err = failures(res)
     assert set(err) == {"split_assignments"} and "ManifestError" in err["split_assignments"]
     assert "differs from the recorded" in err["split_assignments"]
-    assert not materialized(res) & {"split_assignments", "holdout_manifest", "training_views"}
+    assert not materialized(res) & {"split_assignments", "holdout_manifest", "training_set"}
     assert _q(root, "SELECT id, split FROM split_assignments ORDER BY id") == before
     path.unlink()
     res = run(root, _cache(base))
@@ -324,8 +334,8 @@ def test_revoking_a_grant_purges_training_rows_and_flags_checkpoints(base, home_
                                              "AND consent_id = 'CONSENT-ACME-TRN-2026-09'")]
     assert acme
     with _wh(root).connect() as con:
-        store.register_checkpoint(con, "ck-acme-sft-1", "acme", acme)
-        store.register_checkpoint(con, "ck-globex-sft-1", "globex",
+        checkpoints.register_checkpoint(con, "ck-acme-sft-1", "acme", acme)
+        checkpoints.register_checkpoint(con, "ck-globex-sft-1", "globex",
                                   [r[0] for r in con.execute("SELECT record_id FROM training_set WHERE tenant_id = 'globex'").fetchall()])
     reg = root / "consent_registry.yaml"
     reg.write_text(reg.read_text().replace("tenant_id: acme, scopes: [execute, train], retention_days: 90, granted_at: 2026-09-01}",
@@ -333,7 +343,7 @@ def test_revoking_a_grant_purges_training_rows_and_flags_checkpoints(base, home_
                                            "revoked_at: 2026-11-14}"))
     res = run(root, _cache(base), only=CONSENT_ONLY)
     assert res.success, failures(res)
-    assert checks(res) == {"training_views_clean": True}
+    assert checks(res) == {"training_set_clean": True}
     assert not _q(root, "SELECT * FROM training_set WHERE consent_id = 'CONSENT-ACME-TRN-2026-09'")
     revoked = {r["record_id"] for r in _q(root, "SELECT record_id FROM consent_audit WHERE target_tenant = 'acme' AND reason = 'revoked'")}
     assert set(acme) <= revoked

@@ -6,7 +6,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ratchet.governance import store
+from ratchet import tables
+from ratchet.governance import items as gov_items
+from ratchet.governance import tables as gov_tables
+from ratchet.governance import training_views
 from ratchet.governance.consent import decide, grants_from_rows, training_view
 from ratchet.governance.contamination import contamination_report
 from ratchet.governance.splits import assign_splits, split_targets
@@ -28,7 +31,7 @@ def _pair(repo_b, issue_b):
     return [{"id": "a", "split": "train"}, {"id": "b", "split": "holdout"}], items
 
 
-@pytest.mark.parametrize("key_cols", [None, store.CONTAMINATION_KEYS], ids=["default", "asset_keys"])
+@pytest.mark.parametrize("key_cols", [None, gov_items.CONTAMINATION_KEYS], ids=["default", "asset_keys"])
 def test_shared_repo_and_issue_across_train_and_holdout_fails_the_gate(key_cols):
     kw = dict(id_col="id", text_col="text", code_cols=("code",), key_cols=key_cols)
     clean = contamination_report(*_pair("globex/tools", "globex/tools#1"), **kw)
@@ -45,9 +48,9 @@ def test_shared_repo_and_issue_across_train_and_holdout_fails_the_gate(key_cols)
 
 
 def test_asset_contamination_keys_cover_repo_and_issue():
-    """The asset passes `store.CONTAMINATION_KEYS`: dropping a key there silently weakens the gate."""
-    assert store.CONTAMINATION_KEYS["repo"] == "repo" and store.CONTAMINATION_KEYS["issue_id"] == "issue"
-    assert store.CLUSTER_KEYS["repo"] == "same_repo" and store.CLUSTER_KEYS["issue_id"] == "same_issue"
+    """The asset passes `gov_items.CONTAMINATION_KEYS`: dropping a key there silently weakens the gate."""
+    assert gov_items.CONTAMINATION_KEYS["repo"] == "repo" and gov_items.CONTAMINATION_KEYS["issue_id"] == "issue"
+    assert gov_items.CLUSTER_KEYS["repo"] == "same_repo" and gov_items.CLUSTER_KEYS["issue_id"] == "same_issue"
 
 
 # ------------------------------------------------------------------------ consent: timestamps
@@ -63,7 +66,7 @@ def test_trajectory_without_any_timestamp_counts_as_expired(started_at, ended_at
     assert reason == "expired" and "no timestamp" in detail
     view, audit = training_view([t], GRANTS, NOW, "acme")
     assert view == [] and [a["reason"] for a in audit] == ["expired"]
-    train, audit = store.training_rows([t], GRANTS, {"r": {"split": "train", "cluster_id": "c"}}, NOW)
+    train, audit = training_views.training_rows([t], GRANTS, {"r": {"split": "train", "cluster_id": "c"}}, NOW)
     assert train == [] and [a["reason"] for a in audit] == ["expired"]
 
 
@@ -94,7 +97,7 @@ def test_every_slice_is_spread_across_splits_like_the_whole(seed):
 
 
 def test_warehouse_items_carry_repo_and_issue_into_the_gate(wh, tmp_path):
-    """The asset's path: ingested rows -> `store.governance_items` -> the gate with the asset's keys."""
+    """The asset's path: ingested rows -> `gov_items.governance_items` -> the gate with the asset's keys."""
     import random
 
     import orjson
@@ -109,15 +112,15 @@ def test_warehouse_items_carry_repo_and_issue_into_the_gate(wh, tmp_path):
     (tmp_path / "t.jsonl").write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in (a, b, c)))
     ingest([tmp_path / "t.jsonl"], wh)
     with wh.connect() as con:
-        store.ensure_schema(con)
-        items = store.governance_items(con)
+        tables.ensure_all(con)
+        items = gov_items.governance_items(con)
         rid = dict(con.execute("SELECT trajectory_id, record_id FROM trajectories").fetchall())
-    item = {t: f"{store.TRAJ_PREFIX}{rid[t]}" for t in rid}
+    item = {t: f"{gov_tables.TRAJ_PREFIX}{rid[t]}" for t in rid}
     got = {r["id"]: (r["repo"], r["issue_id"]) for r in items.to_pylist()}
     assert got[item[a["trajectory_id"]]] == got[item[b["trajectory_id"]]] == (a["repo"], a["issue_id"])
     split = {a["trajectory_id"]: "train", b["trajectory_id"]: "holdout", c["trajectory_id"]: "val"}
     rep = contamination_report([{"id": item[t], "split": s} for t, s in split.items()], items, id_col="id",
-                               text_col=None, code_cols=(), key_cols=store.CONTAMINATION_KEYS)
+                               text_col=None, code_cols=(), key_cols=gov_items.CONTAMINATION_KEYS)
     assert not rep["passed"] and rep["counts"]["repo"] == 1 and rep["counts"]["issue"] == 1
     assert {p["a"] for k in ("repo", "issue") for p in rep["pairs"][k]} | {
         p["b"] for k in ("repo", "issue") for p in rep["pairs"][k]} == {item[a["trajectory_id"]], item[b["trajectory_id"]]}

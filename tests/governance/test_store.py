@@ -6,9 +6,16 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ratchet.governance import store
+from ratchet import store, tables
+from ratchet.governance import checkpoints, holdout, splits, training_views
+from ratchet.governance import tables as gov_tables
 from ratchet.governance.consent import grants_from_rows
-from ratchet.governance.manifest import ManifestError, create_manifest, load_manifest, save_manifest
+from ratchet.governance.manifest import (
+    ManifestError,
+    create_manifest,
+    load_manifest,
+    save_manifest,
+)
 from ratchet.governance.splits import EXCLUDED
 
 pytestmark = pytest.mark.governance
@@ -18,7 +25,7 @@ NOW = datetime(2026, 11, 15, tzinfo=timezone.utc)
 @pytest.fixture
 def con(wh):
     with wh.connect() as c:
-        store.ensure_schema(c)
+        tables.ensure_all(c)
         yield c
 
 
@@ -27,7 +34,7 @@ def _ids(con, sql):
 
 
 def test_schema_is_idempotent_and_replace_leaves_the_same_table(con):
-    store.ensure_schema(con)  # twice: no error
+    tables.ensure_all(con)  # twice: no error
     rows = [{"id": f"task:t{i}", "kind": "task", "source_id": f"t{i}", "cluster_id": "c", "slice": "x",
              "split": "train", "reason": "assigned"} for i in range(5)]
     for _ in range(2):
@@ -36,7 +43,7 @@ def test_schema_is_idempotent_and_replace_leaves_the_same_table(con):
     assert con.execute("SELECT items FROM v_split_summary").fetchall() == [(5,)]
     cols = {r[0] for r in con.execute("DESCRIBE checkpoints").fetchall()}
     assert {"checkpoint_id", "tenant_id", "trained_record_ids", "consent_ids", "created_at", "flagged", "flag_reason"} <= cols
-    for view in store.VIEWS:
+    for view in gov_tables.VIEWS:
         con.execute(f"SELECT * FROM {view} LIMIT 0")
 
 
@@ -56,7 +63,7 @@ def _items(n_task_clusters=30, traj_only=10):
 
 def test_governed_splits_tasks_by_cluster_and_trajectories_inherit():
     items = _items()
-    rows = store.governed_splits(items, {"train": 600, "val": 160, "holdout": 400}, seed=3)
+    rows = splits.governed_splits(items, {"train": 600, "val": 160, "holdout": 400}, seed=3)
     split = {r["id"]: r["split"] for r in rows}
     per_cluster = {}
     for i in items:
@@ -72,7 +79,7 @@ def test_governed_splits_tasks_by_cluster_and_trajectories_inherit():
 
 def test_governed_splits_with_locked_manifest_freeze_the_holdout():
     items = _items()
-    first = store.governed_splits(items, {"train": 600, "val": 160, "holdout": 400}, seed=3)
+    first = splits.governed_splits(items, {"train": 600, "val": 160, "holdout": 400}, seed=3)
     hold = sorted(r["source_id"] for r in first if r["kind"] == "task" and r["split"] == "holdout")
     m = create_manifest(hold, locked_by="test")
     # more data: new task clusters, a new task that joins a holdout cluster, new trajectories
@@ -81,7 +88,7 @@ def test_governed_splits_with_locked_manifest_freeze_the_holdout():
     more.append({"id": "task:newcomer", "kind": "task", "cluster_id": joined, "slice": "cmp", "tenant_id": None})
     more.append({"id": "traj:late", "kind": "trajectory", "cluster_id": joined, "slice": "acme", "tenant_id": "acme"})
     prev = {r["id"]: r["split"] for r in first}
-    rows = store.governed_splits(more, {"train": 600, "val": 160, "holdout": 400}, seed=99, manifest=m, previous=prev)
+    rows = splits.governed_splits(more, {"train": 600, "val": 160, "holdout": 400}, seed=99, manifest=m, previous=prev)
     split = {r["id"]: r for r in rows}
     assert sorted(r["source_id"] for r in rows if r["kind"] == "task" and r["split"] == "holdout") == hold
     assert split["task:newcomer"]["split"] == EXCLUDED and hold[0] in split["task:newcomer"]["reason"]
@@ -90,25 +97,25 @@ def test_governed_splits_with_locked_manifest_freeze_the_holdout():
 
 
 def _lock(con, path, ids=("a", "b", "c")):
-    return store.lock_holdout(con, path, list(ids), locked_by="test")
+    return holdout.lock_holdout(con, path, list(ids), locked_by="test")
 
 
 def test_holdout_state_round_trip_and_unlock_audit(con, home):
     path = home.root / "holdout_manifest.json"
-    assert store.holdout_state(con, path).manifest is None
+    assert holdout.holdout_state(con, path).manifest is None
     m = _lock(con, path)
-    st = store.holdout_state(con, path)
+    st = holdout.holdout_state(con, path)
     assert st.locked and st.recorded and st.manifest.sha256 == m.sha256
     with pytest.raises(ManifestError, match="reason"):
-        store.unlock_holdout(con, path, reason=" ", actor="alice")
-    m2, row = store.unlock_holdout(con, path, reason="grow the holdout", actor="alice")
+        holdout.unlock_holdout(con, path, reason=" ", actor="alice")
+    m2, row = holdout.unlock_holdout(con, path, reason="grow the holdout", actor="alice")
     assert not m2.locked and row["actor"] == "alice" and row["reason"] == "grow the holdout"
-    assert not store.holdout_state(con, path).locked
+    assert not holdout.holdout_state(con, path).locked
     assert json.loads(path.read_text())["audit"][-1]["actor"] == "alice"
     log = store.fetch(con, "SELECT event, actor, reason FROM holdout_manifest_log ORDER BY seq")
     assert log[-1] == {"event": "unlock", "actor": "alice", "reason": "grow the holdout"}
-    m3 = store.lock_holdout(con, path, ["a", "b", "c", "d"], locked_by="test", previous=m2)
-    assert m3.version == 2 and store.holdout_state(con, path).locked
+    m3 = holdout.lock_holdout(con, path, ["a", "b", "c", "d"], locked_by="test", previous=m2)
+    assert m3.version == 2 and holdout.holdout_state(con, path).locked
     assert m3.audit and m3.audit[-1]["actor"] == "alice"
 
 
@@ -117,7 +124,7 @@ def test_missing_manifest_fails_when_the_warehouse_recorded_one(con, home):
     _lock(con, path)
     path.unlink()
     with pytest.raises(ManifestError, match="missing"):
-        store.holdout_state(con, path)
+        holdout.holdout_state(con, path)
 
 
 def test_rewritten_self_consistent_manifest_is_caught_by_the_recorded_hash(con, home):
@@ -127,7 +134,7 @@ def test_rewritten_self_consistent_manifest_is_caught_by_the_recorded_hash(con, 
     save_manifest(forged, path)
     assert load_manifest(path).sha256 == forged.sha256          # consistent with itself
     with pytest.raises(ManifestError, match="differs from the recorded"):
-        store.holdout_state(con, path)
+        holdout.holdout_state(con, path)
 
 
 def test_hand_flipped_lock_flag_and_edited_rows_are_caught(con, home):
@@ -137,22 +144,22 @@ def test_hand_flipped_lock_flag_and_edited_rows_are_caught(con, home):
     d["locked"] = False
     path.write_text(json.dumps(d))
     with pytest.raises(ManifestError, match="locked=False"):
-        store.holdout_state(con, path)
+        holdout.holdout_state(con, path)
     d["locked"] = True
     path.write_text(json.dumps(d))
-    store.holdout_state(con, path)
+    holdout.holdout_state(con, path)
     con.execute("UPDATE holdout_manifest SET task_id = 'zzz' WHERE task_id = 'c'")
     with pytest.raises(ManifestError):
-        store.holdout_state(con, path)
+        holdout.holdout_state(con, path)
 
 
 def test_manifest_without_a_warehouse_record_is_adopted(con, home):
     path = home.root / "holdout_manifest.json"
     save_manifest(create_manifest(["a", "b"], locked_by="elsewhere"), path)
-    st = store.holdout_state(con, path)
+    st = holdout.holdout_state(con, path)
     assert st.needs_adoption and st.locked
-    store.adopt_holdout(con, st, actor="test")
-    st = store.holdout_state(con, path)
+    holdout.adopt_holdout(con, st, actor="test")
+    st = holdout.holdout_state(con, path)
     assert st.recorded and not st.needs_adoption
     assert _ids(con, "SELECT event FROM holdout_manifest_log") == ["adopt"]
 
@@ -177,13 +184,13 @@ def test_training_rows_gate_consent_then_split():
              _traj("r4", "acme", "G-ACME")]
     split_of = {"r1": {"split": "train", "cluster_id": "c1"}, "r2": {"split": "val", "cluster_id": "c2"},
                 "r3": {"split": "train", "cluster_id": "c3"}}
-    train, audit = store.training_rows(trajs, _grants(), split_of, NOW)
+    train, audit = training_views.training_rows(trajs, _grants(), split_of, NOW)
     assert {(r["tenant_id"], r["record_id"]) for r in train} == {("acme", "r1"), ("globex", "r3")}
     why = {(a["target_tenant"], a["record_id"]): a["reason"] for a in audit}
     assert why[("acme", "r2")] == "not_train_split" and why[("acme", "r4")] == "not_train_split"
     assert why[("acme", "r3")] == "cross_tenant" and why[("globex", "r1")] == "cross_tenant"
     assert next(a for a in audit if a["record_id"] == "r4" and a["target_tenant"] == "acme")["detail"].startswith("no split")
-    train, _ = store.training_rows(trajs, _grants(share=["acme"]), split_of, NOW)
+    train, _ = training_views.training_rows(trajs, _grants(share=["acme"]), split_of, NOW)
     assert ("acme", "r3") in {(r["tenant_id"], r["record_id"]) for r in train}   # explicit sharing
 
 
@@ -201,7 +208,7 @@ def test_sql_reverification_catches_every_kind_of_bad_training_row(wh, tmp_path)
     acme = [t for t in trajs if t["tenant_id"] == "acme"]
     globex = [t for t in trajs if t["tenant_id"] == "globex"]
     with wh.connect() as con:
-        store.ensure_schema(con)
+        tables.ensure_all(con)
         store.replace(con, "consent_grants", [
             {"consent_id": "CONSENT-ACME-TRN-2026-09", "tenant_id": "acme", "scopes": ["train"], "retention_days": 90,
              "granted_at": datetime(2026, 9, 1, tzinfo=timezone.utc)},
@@ -213,7 +220,7 @@ def test_sql_reverification_catches_every_kind_of_bad_training_row(wh, tmp_path)
 
         def violations(rows):
             store.replace(con, "training_set", [{**r, "evaluated_at": NOW, "split": "train"} for r in rows])
-            return {b["violation"]: b["n"] for b in store.fetch(con, store.TRAINING_VIOLATIONS_SQL)}
+            return {b["violation"]: b["n"] for b in store.fetch(con, training_views.TRAINING_VIOLATIONS_SQL)}
 
         assert violations([{"tenant_id": "acme", "record_id": acme[0]["record_id"]}]) == {}
         assert violations([{"tenant_id": "acme", "record_id": globex[0]["record_id"]}]) == {"cross_tenant": 1}
@@ -222,7 +229,7 @@ def test_sql_reverification_catches_every_kind_of_bad_training_row(wh, tmp_path)
         assert violations([{"tenant_id": "acme", "record_id": "nope"}]) == {"unknown_record": 1}
         store.replace(con, "training_set", [{"tenant_id": "acme", "record_id": acme[0]["record_id"], "split": "train",
                                              "evaluated_at": NOW + timedelta(days=200)}])
-        assert {b["violation"] for b in store.fetch(con, store.TRAINING_VIOLATIONS_SQL)} == {"expired"}
+        assert {b["violation"] for b in store.fetch(con, training_views.TRAINING_VIOLATIONS_SQL)} == {"expired"}
 
 
 def test_checkpoint_flags_follow_revocation_and_stay_sticky(wh, tmp_path):
@@ -231,18 +238,18 @@ def test_checkpoint_flags_follow_revocation_and_stay_sticky(wh, tmp_path):
     grant = {"consent_id": "CONSENT-ACME-TRN-2026-09", "tenant_id": "acme", "scopes": ["train"], "retention_days": 90,
              "granted_at": datetime(2026, 9, 1, tzinfo=timezone.utc)}
     with wh.connect() as con:
-        store.ensure_schema(con)
-        store.register_checkpoint(con, "ck-acme-1", "acme", acme)
-        store.register_checkpoint(con, "ck-other", "globex", [])
+        tables.ensure_all(con)
+        checkpoints.register_checkpoint(con, "ck-acme-1", "acme", acme)
+        checkpoints.register_checkpoint(con, "ck-other", "globex", [])
         assert store.fetch(con, "SELECT consent_ids FROM checkpoints WHERE checkpoint_id = 'ck-acme-1'")[0]["consent_ids"] == [
             "CONSENT-ACME-TRN-2026-09"]
         store.replace(con, "consent_grants", [grant])
-        assert store.flag_checkpoints(con, NOW) == ([], [])
+        assert checkpoints.flag_checkpoints(con, NOW) == ([], [])
         store.replace(con, "consent_grants", [{**grant, "revoked_at": datetime(2026, 11, 14, tzinfo=timezone.utc)}])
-        flags, new = store.flag_checkpoints(con, NOW)
+        flags, new = checkpoints.flag_checkpoints(con, NOW)
         assert new == ["ck-acme-1"] and flags[0]["n_records"] == len(acme)
         row = store.fetch(con, "SELECT flagged, flag_reason FROM checkpoints WHERE checkpoint_id = 'ck-acme-1'")[0]
         assert row["flagged"] and "CONSENT-ACME-TRN-2026-09" in row["flag_reason"]
         store.replace(con, "consent_grants", [grant])            # un-revoked: the checkpoint stays flagged
-        assert store.flag_checkpoints(con, NOW) == ([], [])
+        assert checkpoints.flag_checkpoints(con, NOW) == ([], [])
         assert _ids(con, "SELECT checkpoint_id FROM checkpoints WHERE flagged") == ["ck-acme-1"]
