@@ -1,0 +1,228 @@
+"""Local transformers engine (CPU by default): many conversations decoded as one batch.
+
+    policy = TransformersPolicy.from_path("/path/to/checkpoint")            # never the hub
+    policy = TransformersPolicy(model, tokenizer, constrained=True, chat="embedded")  # live weights
+
+Every request of one `generate` call (x its `n` samples) becomes a row of one left-padded batch,
+decoded by a hand-written loop over the KV cache: one forward per new token for all rows at once.
+The loop is ours rather than `model.generate` because each row needs its own sampler (a
+torch.Generator seeded from (request.seed, sample index), so a row samples the same tokens alone
+or in any batch), its own grammar processor (requests may offer different tools), its own
+max_tokens and stop strings, and the unmasked log-probability of each sampled token.
+
+`constrained=True`: each row's logits go through `ratchet.policy.grammar.tool_call_logits_processor`
+(only valid calls of the offered tools can be sampled). `chat="embedded"` renders with
+`ratchet.policy.embedded.chat` and parses its `<tool_call>` turns; `chat="template"` uses the
+tokenizer's own chat template and the Hermes/Qwen `<tool_call>` format.
+
+Token continuity: with `request.prefix_ids` (the previous turn's prompt + sampled ids) the new
+prompt is those ids + the tokens of the newly rendered messages, so what the model conditioned on
+and what a trainer sees are the same ids, never a re-tokenisation of sampled text.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ratchet.policy.base import Completion, GenerationRequest, ToolCall, parse_tool_calls
+
+
+def load_local(path: str | Path, *, dtype: str = "float32", device: str = "cpu", chat: str = "template"):
+    """(model, tokenizer) from a local folder only (local_files_only: no hub access)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"no checkpoint folder at {p} (engines load local paths only, never the hub)")
+    model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=getattr(torch, dtype))
+    if chat == "embedded":
+        from ratchet.policy.embedded.tokenizer import load_tokenizer
+        tok = load_tokenizer(p)
+    elif (p / "tokenizer.json").exists():
+        # PreTrainedTokenizerFast keeps a locally trained tokenizer's own pre-tokeniser (PITFALLS:
+        # AutoTokenizer may rebuild it as another class with different ids).
+        tok = PreTrainedTokenizerFast.from_pretrained(str(p), local_files_only=True)
+    else:
+        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    return model.to(device).eval(), tok
+
+
+@dataclass
+class _Row:
+    req: int
+    sample: int
+    prompt_ids: list[int]
+    temperature: float
+    top_p: float
+    max_tokens: int
+    stop: tuple[str, ...]
+    gen: object
+    processor: object = None
+    out: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    finish: str | None = None
+    text: str | None = None
+
+
+def sample_seed(seed: int, sample: int) -> int:
+    return (int(seed) * 1_000_033 + sample * 104_729) % (2**63 - 1)
+
+
+class TransformersPolicy:
+    def __init__(self, model, tokenizer, *, policy_id: str = "hf:model", constrained: bool = False,
+                 chat: str = "template", max_batch: int = 64, threads: int | None = None,
+                 config: dict | None = None):
+        if chat not in ("template", "embedded"):
+            raise ValueError(f"chat must be 'template' or 'embedded', got {chat!r}")
+        if chat == "template" and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the tokenizer has no chat_template: set one, or use chat='embedded'")
+        self.model, self.tok = model, tokenizer
+        self.policy_id, self.constrained, self.chat = policy_id, constrained, chat
+        self.max_batch, self.threads = max_batch, threads
+        self.eos_ids = self._eos_ids()
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.spec = {"policy_id": policy_id, "engine": "transformers",
+                     "config": {"constrained": constrained, "chat": chat, "max_batch": max_batch,
+                                **(config or {})}}
+
+    @classmethod
+    def from_path(cls, path, *, policy_id: str | None = None, dtype: str = "float32", device: str = "cpu",
+                  chat: str = "template", **kw) -> "TransformersPolicy":
+        model, tok = load_local(path, dtype=dtype, device=device, chat=chat)
+        return cls(model, tok, policy_id=policy_id or f"hf:{path}", chat=chat,
+                   config={"path": str(path), "dtype": dtype, "device": device}, **kw)
+
+    def _eos_ids(self) -> list[int]:
+        ids = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        ids = list(ids) if isinstance(ids, (list, tuple)) else ([ids] if ids is not None else [])
+        if self.tok.eos_token_id is not None and self.tok.eos_token_id not in ids:
+            ids.insert(0, self.tok.eos_token_id)
+        if not ids:
+            raise ValueError("neither the tokenizer nor the model names an eos token")
+        return ids
+
+    # ------------------------------------------------------------------ chat format
+    def render(self, messages: list[dict], tools: list[dict], generation_prompt: bool = True) -> str:
+        if self.chat == "embedded":
+            from ratchet.policy.embedded.chat import render
+            return render(messages, tools, add_generation_prompt=generation_prompt)
+        return self.tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                            add_generation_prompt=generation_prompt)
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        if self.chat == "embedded":
+            from ratchet.policy.embedded.chat import parse_turn
+            m = parse_turn(text)
+            return m["content"] or "", [ToolCall.from_raw(c["function"]["name"], c["function"]["arguments"])
+                                        for c in m["tool_calls"]]
+        return parse_tool_calls(text)
+
+    def prompt_ids(self, r: GenerationRequest) -> list[int]:
+        """The prompt as ids: `prefix_ids` extended by the new messages when the template allows
+        (see the module doc), else the whole rendered conversation."""
+        full = self.render(r.messages, r.tools)
+        last = max((i for i, m in enumerate(r.messages) if m.get("role") == "assistant"), default=None)
+        if r.prefix_ids and last is not None:
+            head = self.render(r.messages[:last + 1], r.tools, generation_prompt=False)
+            eos = self.tok.eos_token or ""
+            at = head.rfind(eos) if eos else -1
+            if at >= 0 and full.startswith(head[:at]):
+                # after the sampled stop token, or at the template's closing one when the turn
+                # was cut (length / stop string), so the model sees a closed turn either way
+                cut = at + len(eos) if r.prefix_ids[-1] in self.eos_ids else at
+                return list(r.prefix_ids) + self.tok.encode(full[cut:], add_special_tokens=False)
+        return self.tok.encode(full, add_special_tokens=False)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        import torch
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        t0 = time.monotonic()
+        rows, prompts = [], []
+        for qi, r in enumerate(requests):
+            ids = self.prompt_ids(r)
+            prompts.append(ids)
+            for j in range(r.n):
+                g = torch.Generator().manual_seed(sample_seed(r.seed, j))
+                rows.append(_Row(qi, j, ids, r.temperature, r.top_p, r.max_tokens, r.stop, g,
+                                 self._processor(r.tools) if self.constrained else None))
+        order = sorted(rows, key=lambda x: len(x.prompt_ids))      # less padding per batch
+        for k in range(0, len(order), self.max_batch):
+            self._decode(order[k:k + self.max_batch])
+        dt = time.monotonic() - t0
+        out: list[list[Completion]] = [[] for _ in requests]
+        for row in rows:
+            text = row.text if row.text is not None else self._decode_text(row.out)
+            content, calls = self.parse(text)
+            out[row.req].append(Completion(
+                text=content, tool_calls=calls, finish_reason=row.finish or "length",
+                prompt_tokens=len(row.prompt_ids), completion_tokens=len(row.out), latency_s=dt,
+                token_ids=list(row.out), logprobs=list(row.lps), prompt_ids=list(row.prompt_ids)))
+        return out
+
+    def _processor(self, tools):
+        from ratchet.policy.grammar import tool_call_logits_processor
+        return tool_call_logits_processor(self.tok, tools, vocab_size=self.model.config.vocab_size)
+
+    def _decode_text(self, ids: list[int]) -> str:
+        ids = ids[:-1] if ids and ids[-1] in self.eos_ids else ids
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+    def _decode(self, rows: list[_Row]) -> None:
+        import torch
+
+        dev = self.model.device
+        width = max(len(r.prompt_ids) for r in rows)
+        ids = torch.tensor([[self.pad_id] * (width - len(r.prompt_ids)) + r.prompt_ids for r in rows], device=dev)
+        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in rows], device=dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        past = None
+        with torch.inference_mode():
+            for _ in range(max(r.max_tokens for r in rows)):
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                 past_key_values=past, use_cache=True, logits_to_keep=1)
+                past, logits = out.past_key_values, out.logits[:, -1, :].float()
+                nxt = [self._step(r, logits[i]) for i, r in enumerate(rows)]
+                if all(r.finish for r in rows):
+                    break
+                ids = torch.tensor(nxt, device=dev)[:, None]
+                mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+                pos = pos[:, -1:] + 1
+
+    def _step(self, r: _Row, logits) -> int:
+        """Pick row r's next token; returns the token to feed (pad once the row is finished)."""
+        import torch
+
+        if r.finish:
+            return self.pad_id
+        scaled = logits / r.temperature if r.temperature > 0 else logits
+        logp = torch.log_softmax(scaled, -1)
+        pick = scaled
+        if r.processor is not None:
+            seen = torch.tensor([r.prompt_ids + r.out])
+            pick = r.processor(seen, scaled[None].clone())[0]
+        if r.temperature == 0:
+            tok = int(torch.argmax(pick))
+        else:
+            probs = torch.softmax(pick, -1)
+            if r.top_p < 1.0:
+                srt, idx = torch.sort(probs, descending=True)
+                drop = srt.cumsum(-1) - srt > r.top_p
+                probs = probs.scatter(0, idx[drop], 0.0)
+            tok = int(torch.multinomial(probs, 1, generator=r.gen))
+        r.out.append(tok)
+        r.lps.append(float(logp[tok]))
+        if tok in self.eos_ids:
+            r.finish = "stop"
+        elif r.stop:
+            text = self._decode_text(r.out)
+            hit = min((text.find(s) for s in r.stop if s in text), default=-1)
+            if hit >= 0:
+                r.finish, r.text = "stop", text[:hit]
+        if not r.finish and len(r.out) >= r.max_tokens:
+            r.finish = "length"
+        return tok
