@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 FAMILY_WORDS = {
@@ -112,3 +113,87 @@ def cohen_kappa(a, b) -> float:
     if pe == 1.0:
         return 1.0 if po == 1.0 else 0.0
     return (po - pe) / (1 - pe)
+
+
+def make_judge(cfg: dict | None = None) -> Judge:
+    """A judge from plain config (picklable, so pool workers can build their own):
+    {"kind": "rubric"} (the default) or {"kind": "openai", "base_url", "model", ...}."""
+    cfg = dict(cfg or {})
+    kind = cfg.pop("kind", "rubric")
+    if kind == "rubric":
+        return RubricJudge()
+    if kind == "openai":
+        return OpenAIJudge(**cfg)
+    raise ValueError(f"unknown judge kind {kind!r}: 'rubric' or 'openai'")
+
+
+# ------------------------------------------------------------------------ OpenAI-compatible judge
+JUDGE_FILES = Path(__file__).with_name("judge_files")
+
+
+class JudgeError(RuntimeError):
+    """The judge could not grade (endpoint down, malformed reply): the episode is an infra
+    failure, never a zero (RepairEnv turns a raising judge into one)."""
+
+
+@dataclass
+class OpenAIJudge:
+    """An LLM judge behind any OpenAI-compatible `/chat/completions` endpoint (OpenAI, vLLM,
+    llama.cpp, LM Studio...). Prompt and rubric are files (`judge_files/`); the reply must be
+    {"root_cause": 0..1, "maintainability": 0..1, "rationale": str}; score = their mean.
+    It sees what a reviewer sees (issue, diff, explanation), not the task's ground truth."""
+
+    base_url: str
+    model: str
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 60.0
+    max_chars: int = 12000
+    prompt_path: str = str(JUDGE_FILES / "prompt.md")
+    rubric_path: str = str(JUDGE_FILES / "rubric.md")
+
+    @property
+    def name(self) -> str:
+        return f"openai:{self.model}"
+
+    def messages(self, bundle, explanation: str, diff: str) -> list[dict]:
+        system = Path(self.prompt_path).read_text() + "\n\n" + Path(self.rubric_path).read_text()
+        user = (f"## Issue\n{bundle.issue_title}\n\n{bundle.issue_body}\n\n"
+                f"## Diff\n```diff\n{diff[:self.max_chars]}\n```\n\n"
+                f"## Root-cause explanation\n{(explanation or '(none)')[:self.max_chars]}")
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    def judge(self, bundle, explanation: str, diff: str, *, blast_score: float | None = None) -> JudgeResult:
+        import json
+        import os
+        import urllib.error
+        import urllib.request
+
+        body = {"model": self.model, "temperature": 0, "messages": self.messages(bundle, explanation, diff)}
+        headers = {"Content-Type": "application/json"}
+        if os.environ.get(self.api_key_env):
+            headers["Authorization"] = f"Bearer {os.environ[self.api_key_env]}"
+        req = urllib.request.Request(self.base_url.rstrip("/") + "/chat/completions",
+                                     data=json.dumps(body).encode(), headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                reply = json.loads(resp.read().decode())
+            content = reply["choices"][0]["message"]["content"]
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            raise JudgeError(f"judge {self.name} at {self.base_url}: {type(e).__name__}: {e}") from e
+        return parse_verdict(content, self.name)
+
+
+def parse_verdict(content: str, name: str = "judge") -> JudgeResult:
+    """The first JSON object in the reply -> JudgeResult (JudgeError when absent or out of range)."""
+    import json
+
+    m = re.search(r"\{.*\}", content or "", re.S)
+    try:
+        d = json.loads(m.group(0)) if m else None
+        rc, mt = float(d["root_cause"]), float(d["maintainability"])
+    except (ValueError, TypeError, KeyError) as e:
+        raise JudgeError(f"judge {name} replied without a valid verdict: {content[:200]!r}") from e
+    if not (0.0 <= rc <= 1.0 and 0.0 <= mt <= 1.0):
+        raise JudgeError(f"judge {name} scores out of 0..1: {rc}, {mt}")
+    return JudgeResult(round(0.5 * rc + 0.5 * mt, 4), str(d.get("rationale", ""))[:1000],
+                       {"root_cause": rc, "maintainability": mt})

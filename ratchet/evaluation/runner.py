@@ -1,0 +1,169 @@
+"""Run a policy over the locked holdout: verify the manifest, skip finished episodes, run the rest
+concurrently (a spawn-context process pool, one sandbox runtime per worker), write rows as they
+arrive (so a killed evaluation loses only the episodes in flight).
+
+    plan = holdout_plan(con, manifest_path)          # ManifestError on any mismatch
+    rows = evaluate(plan, "harness:sbfl", "", seeds=[0, 1, 2], sink=lambda rows: ...)
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+
+@dataclass
+class HoldoutPlan:
+    bundles: list                      # TaskBundles of the locked holdout, sorted by task_id
+    holdout_sha256: str
+    manifest_version: int
+    missing: list[str] = field(default_factory=list)   # manifest ids absent from the tasks table
+
+
+def holdout_plan(con, manifest_path: str | Path, *, task_limit: int | None = None) -> HoldoutPlan:
+    """The locked holdout's bundles, after verifying the manifest file against the warehouse
+    (`ratchet.governance.holdout.holdout_state`: a tampered, missing or unlocked manifest raises
+    ManifestError). Refuses when a manifest task has no bundle in `tasks` (the holdout would be
+    evaluated partially). `task_limit` takes the first N by task id (quick runs; recorded)."""
+    import json
+
+    from ratchet.evaluation.tables import fetch
+    from ratchet.governance.holdout import holdout_state
+    from ratchet.governance.manifest import ManifestError, verify_manifest
+    from sandboxes.bundle import TaskBundle
+
+    state = holdout_state(con, manifest_path)
+    m = state.manifest
+    if m is None:
+        raise ManifestError(f"no locked holdout (manifest {manifest_path} missing and none recorded): "
+                            "materialise holdout_manifest first")
+    if not state.locked:
+        raise ManifestError(f"holdout manifest version {m.version} is unlocked: lock it before evaluating "
+                            "(results on an unlocked holdout are not comparable)")
+    if not state.recorded:
+        raise ManifestError(f"holdout manifest {manifest_path} has no warehouse record: materialise "
+                            "holdout_manifest to adopt it first")
+    rows = fetch(con, "SELECT task_id, bundle FROM tasks WHERE task_id IN "
+                            "(SELECT task_id FROM holdout_manifest WHERE version = ?)", [m.version])
+    found = {r["task_id"]: r["bundle"] for r in rows}
+    missing = sorted(set(m.task_ids) - set(found))
+    if missing:
+        raise ManifestError(f"{len(missing)} of {len(m.task_ids)} locked holdout tasks have no bundle in the "
+                            f"tasks table (e.g. {missing[:3]}): refusing to evaluate part of the holdout")
+    verify_manifest(m, expected_ids=sorted(found))
+    ids = sorted(found)[:task_limit] if task_limit else sorted(found)
+    bundles = [TaskBundle.from_dict(json.loads(found[t]) if isinstance(found[t], str) else found[t]) for t in ids]
+    return HoldoutPlan(bundles, m.sha256, m.version, missing)
+
+
+# ------------------------------------------------------------------------------- workers
+_RUNTIME = None
+
+
+def _init_worker() -> None:
+    global _RUNTIME
+    from sandboxes.runtime import LocalRuntime
+
+    _RUNTIME = LocalRuntime()
+
+
+def _job(args) -> tuple[dict, dict]:
+    from dataclasses import asdict
+
+    from ratchet.evaluation.economics import RateCard
+    from ratchet.evaluation.episodes import run_policy_episode
+    from sandboxes.bundle import TaskBundle
+    from sandboxes.verifiers.judge import make_judge
+
+    policy_id, version, bundle_d, seed, run_id, sha, judge_cfg, card_d, kw = args
+    if _RUNTIME is None:
+        _init_worker()
+    res = run_policy_episode(policy_id, version, TaskBundle.from_dict(bundle_d), seed, runtime=_RUNTIME,
+                             judge=make_judge(judge_cfg) if judge_cfg else None, eval_run_id=run_id,
+                             holdout_sha256=sha, rate_card=RateCard.from_dict(card_d) if card_d else None,
+                             policy_kwargs=kw)
+    return res.row, asdict(res.timing)
+
+
+@dataclass
+class EvalRun:
+    eval_run_id: str
+    rows: list[dict]                  # rows produced by this call (skipped ones not included)
+    skipped: int                      # episodes that already had a row (resume)
+    planned: int
+    wall_s: float
+    workers: int
+    timings: list[dict] = field(default_factory=list)
+
+
+def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *, seeds: Sequence[int] = (0, 1, 2),
+             done: Callable[[list[str]], set] | None = None, sink: Callable[[list[dict]], None] | None = None,
+             workers: int | None = None, judge: dict | None = None, rate_card=None,
+             policy_kwargs: dict | None = None, eval_run_id: str | None = None,
+             flush_every: int = 16, flush_s: float = 2.0) -> EvalRun:
+    """Every holdout task x seed for one policy. `done(eval_ids)` returns the ids that already
+    have a row (skipped); `sink(rows)` stores rows in batches as they finish. A judge whose id is
+    the policy's is refused before anything runs."""
+    from ratchet.evaluation.episodes import SelfJudging, eval_id, resolve
+    from sandboxes.verifiers.judge import make_judge
+
+    if judge and getattr(make_judge(judge), "name", None) in (policy_id, policy_id.split("@", 1)[0]):
+        raise SelfJudging(f"judge {judge} is the policy under evaluation {policy_id!r}")
+    resolve(policy_id)                                            # unknown policy: fail now
+    run_id = eval_run_id or uuid.uuid4().hex
+    jobs, ids = [], []
+    for b in plan.bundles:
+        for s in seeds:
+            ids.append(eval_id(policy_id, checkpoint_version, b.task_id, s, b.environment_digest))
+            jobs.append((policy_id, checkpoint_version, b.to_dict(), int(s), run_id, plan.holdout_sha256,
+                         judge, rate_card.to_dict() if rate_card is not None else None, policy_kwargs))
+    finished = done(ids) if done else set()
+    todo = [j for j, i in zip(jobs, ids) if i not in finished]
+    n = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    out, timings, batch = [], [], []
+    last = time.monotonic()
+    t0 = time.monotonic()
+
+    def take(result) -> None:
+        nonlocal last, batch
+        row, timing = result
+        out.append(row)
+        timings.append(timing)
+        batch.append(row)
+        if sink and (len(batch) >= flush_every or time.monotonic() - last >= flush_s):
+            sink(batch)
+            batch, last = [], time.monotonic()
+
+    try:
+        if n == 1:
+            for j in todo:
+                take(_job(j))
+        else:
+            import multiprocessing as mp
+            # spawn: a forked pool inside Dagster / pytest can hang on terminate (PITFALLS)
+            with mp.get_context("spawn").Pool(n, _init_worker) as pool:
+                for result in pool.imap_unordered(_job, todo):
+                    take(result)
+    finally:
+        if sink and batch:
+            sink(batch)                 # what finished before an interruption is kept
+    return EvalRun(run_id, out, len(jobs) - len(todo), len(jobs), time.monotonic() - t0, n, timings)
+
+
+def warehouse_sink(wh) -> tuple[Callable, Callable]:
+    """(done, sink) over a ratchet.warehouse.Warehouse: short connections, one per batch."""
+    from ratchet.evaluation import tables
+
+    def done(ids: Iterable[str]) -> set:
+        with wh.connect() as con:
+            tables.ensure(con)
+            return tables.done_eval_ids(con, ids)
+
+    def sink(rows: list[dict]) -> None:
+        with wh.connect() as con:
+            tables.write_episodes(con, rows)
+
+    return done, sink

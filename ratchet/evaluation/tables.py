@@ -1,0 +1,180 @@
+"""Warehouse tables of the evaluation layer (Arrow schemas -> DuckDB DDL via ratchet.contract) and
+the small read/write functions the assets call. Keep table I/O here so it can move behind a store
+object without touching the domain code.
+
+  eval_episodes      one row per policy x checkpoint x task x seed (the contract: eval_contract)
+  eval_summary       one row per policy x checkpoint x slice (dimension "all" = the whole holdout)
+  judge_calibration  one row per calibration run (append-only: drift is read from its history)
+  economics          one row per policy x checkpoint (replaced by each economics run)
+Views: v_eval_latest (the newest summary of each policy over the whole holdout).
+
+Declared like every layer (`SCHEMAS`, `VIEWS`): add "ratchet.evaluation.tables" to
+ratchet.tables.LAYERS and `Warehouse.ensure_schema` creates them; `ensure(con)` does it alone.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterable, Mapping
+
+import pyarrow as pa
+
+JSON = {"format": "json"}
+TS = pa.timestamp("us", tz="UTC")
+F, I, S, B = pa.float64(), pa.int64(), pa.string(), pa.bool_()
+
+
+def _schema(*fields) -> pa.Schema:
+    return pa.schema([pa.field(n, t, metadata=m[0] if m else None) for n, t, *m in fields])
+
+
+EVAL_EPISODES = _schema(
+    ("eval_id", S), ("eval_run_id", S), ("policy_id", S), ("checkpoint_version", S), ("task_id", S),
+    ("seed", I), ("slice", S), ("family", S), ("difficulty", S), ("category", S), ("tenant_id", S),
+    ("outcome", S), ("passed", B), ("reward", F), ("reward_tests", F), ("reward_hygiene", F),
+    ("reward_judge", F), ("hard_gate_violations", I), ("hard_gates", pa.list_(S)),
+    ("human_intervention", B), ("turns", I), ("tool_calls", I), ("tokens_in", I), ("tokens_out", I),
+    ("latency_s", F), ("sandbox_s", F), ("policy_s", F), ("cost_usd", F), ("environment_id", S),
+    ("environment_digest", S), ("holdout_sha256", S), ("started_at", TS), ("finished_at", TS), ("error", S))
+
+# Columns that may differ between two runs of the same checkpoint + seed + digest (timing, cost
+# priced by time, and the run they belong to); every other column must be identical.
+NON_REPRODUCIBLE = ("eval_run_id", "latency_s", "sandbox_s", "policy_s", "cost_usd", "started_at",
+                    "finished_at")
+
+EVAL_SUMMARY = _schema(
+    ("computed_at", TS), ("dagster_run_id", S), ("policy_id", S), ("checkpoint_version", S),
+    ("dimension", S), ("slice_value", S), ("environment_digest", S), ("holdout_sha256", S),
+    ("seeds", pa.list_(I)), ("tasks", I), ("tasks_scored", I), ("tasks_passed", I), ("tasks_infra", I),
+    ("pass_rate", F), ("pass_rate_ci_lo", F), ("pass_rate_ci_hi", F), ("pass_rate_display", S),
+    ("episodes", I), ("episodes_scored", I), ("episodes_infra", I), ("episodes_passed", I),
+    ("seed_pass_rates", S, JSON), ("seed_std", F), ("seed_range", F),
+    ("baseline_policy_id", S), ("diff_vs_baseline", F), ("diff_ci_lo", F), ("diff_ci_hi", F), ("diff_tasks", I),
+    ("hard_gate_rate", F), ("hard_gate_episodes", I), ("human_intervention_rate", F),
+    ("human_intervention_episodes", I), ("latency_p50_s", F), ("latency_p95_s", F), ("mean_turns", F),
+    ("mean_tool_calls", F), ("mean_cost_usd", F), ("n_boot", I), ("ci_seed", I))
+
+JUDGE_CALIBRATION = _schema(
+    ("computed_at", TS), ("dagster_run_id", S), ("judge_id", S), ("gold_source", S), ("items", I),
+    ("kappa", F), ("kappa_ci_lo", F), ("kappa_ci_hi", F), ("agreement", F), ("judge_positive_rate", F),
+    ("gold_positive_rate", F), ("warn_below", F), ("block_below", F), ("status", S),
+    ("confusion", S, JSON), ("disagreements", S, JSON), ("n_boot", I), ("ci_seed", I))
+
+ECONOMICS = _schema(
+    ("computed_at", TS), ("dagster_run_id", S), ("rate_card", S), ("rate_card_json", S, JSON),
+    ("policy_id", S), ("checkpoint_version", S), ("episodes", I), ("accepted_runs", I),
+    ("variable_usd_total", F), ("training_usd", F), ("warm_start_usd", F), ("include_warm_start", B),
+    ("production_n", I), ("variable_per_accepted_usd", F), ("sample_amortised_usd", F),
+    ("production_amortised_usd", F), ("break_even_runs", I), ("baseline_policy_id", S), ("computable", B),
+    ("variable_per_accepted", S), ("sample_amortised", S), ("production_amortised", S),
+    ("training_investment", S), ("break_even", S))
+
+TABLES: dict[str, pa.Schema] = {"eval_episodes": EVAL_EPISODES, "eval_summary": EVAL_SUMMARY,
+                                "judge_calibration": JUDGE_CALIBRATION, "economics": ECONOMICS}
+SCHEMAS = TABLES            # the name ratchet.tables.LAYERS reads from each layer
+
+VIEWS = {
+    "v_eval_latest": """
+        SELECT * FROM eval_summary WHERE dimension = 'all'
+        QUALIFY row_number() OVER (PARTITION BY policy_id, checkpoint_version ORDER BY computed_at DESC) = 1""",
+}
+
+
+def ensure(con) -> None:
+    """Create the evaluation tables and views (idempotent)."""
+    from ratchet.contract import duck_ddl
+
+    for name, schema in TABLES.items():
+        con.execute(duck_ddl(name, schema))
+    for name, sql in VIEWS.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+
+
+def to_arrow(name: str, rows: Iterable[Mapping]) -> pa.Table:
+    """Rows (dicts; extra keys ignored, JSON columns serialised) -> the table's exact schema."""
+    schema = TABLES[name]
+    cols: dict[str, list] = {n: [] for n in schema.names}
+    for r in rows:
+        for f in schema:
+            v = r.get(f.name)
+            if v is not None and (f.metadata or {}).get(b"format") == b"json" and not isinstance(v, str):
+                v = json.dumps(v, sort_keys=True, default=str)
+            cols[f.name].append(v)
+    return pa.table({n: pa.array(cols[n], schema.field(n).type) for n in schema.names}, schema=schema)
+
+
+def _insert(con, name: str, tbl: pa.Table) -> int:
+    if tbl.num_rows:
+        con.register("_eval_rows", tbl)
+        try:
+            con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _eval_rows")
+        finally:
+            con.unregister("_eval_rows")
+    return tbl.num_rows
+
+
+def write_episodes(con, rows: list[Mapping]) -> int:
+    """Upsert by eval_id (a re-run of the same episode replaces its row), in one transaction."""
+    tbl = to_arrow("eval_episodes", rows)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.register("_eval_ids", tbl.select(["eval_id"]))
+        con.execute("DELETE FROM eval_episodes WHERE eval_id IN (SELECT eval_id FROM _eval_ids)")
+        con.unregister("_eval_ids")
+        n = _insert(con, "eval_episodes", tbl)
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+    return n
+
+
+def replace_rows(con, name: str, rows: list[Mapping], where: str | None = None, params: list | None = None) -> int:
+    """Delete (all, or `where`) and insert in one transaction: a re-run leaves the same table."""
+    tbl = to_arrow(name, rows)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(f"DELETE FROM {name}" + (f" WHERE {where}" if where else ""), params or [])
+        n = _insert(con, name, tbl)
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+    return n
+
+
+def append_rows(con, name: str, rows: list[Mapping]) -> int:
+    return _insert(con, name, to_arrow(name, rows))
+
+
+def fetch(con, sql: str, params: list | None = None) -> list[dict]:
+    rel = con.execute(sql, params or [])
+    cols = [d[0] for d in rel.description]
+    return [dict(zip(cols, r)) for r in rel.fetchall()]
+
+
+def episode_rows(con, policy_id: str | None = None, where: str = "", params: list | None = None) -> list[dict]:
+    sql = "SELECT * FROM eval_episodes WHERE true"
+    args: list = []
+    if policy_id is not None:
+        sql += " AND policy_id = ?"
+        args.append(policy_id)
+    if where:
+        sql += f" AND ({where})"
+        args += params or []
+    return fetch(con, sql + " ORDER BY policy_id, checkpoint_version, task_id, seed", args)
+
+
+def done_eval_ids(con, eval_ids: Iterable[str], *, retry_infra: bool = False) -> set[str]:
+    """Which of `eval_ids` already have a row (resume); infra failures count as not done when
+    `retry_infra`."""
+    ids = list(eval_ids)
+    if not ids:
+        return set()
+    con.register("_want", pa.table({"eval_id": pa.array(ids, S)}))
+    try:
+        sql = "SELECT e.eval_id FROM eval_episodes e JOIN _want USING (eval_id)"
+        if retry_infra:
+            sql += " WHERE e.outcome <> 'infra_failure'"
+        return {r[0] for r in con.execute(sql).fetchall()}
+    finally:
+        con.unregister("_want")
