@@ -97,14 +97,16 @@ def turn_seed(seed: int, turn: int) -> int:
     return (int(seed) * 1_000_003 + turn * 7919) % (2**31 - 1)
 
 
-def training_sequence(rec: EpisodeRecord) -> dict | None:
+def training_sequence(rec) -> dict | None:
     """The episode as one token sequence for RL: prompt_ids (the first prompt), completion_ids
     (every later token: sampled ones and the tool/observation tokens between them), env_mask
     (1 = sampled by the policy, 0 = tool output) and logprobs (0.0 at env tokens), the shape TRL's
     GRPO `rollout_func` returns. None when the engine has no token ids or a turn's prompt does
-    not extend the previous prompt + completion (then train per turn on `turn_records`)."""
-    ts = [t for t in rec.turn_records if t.completion_ids is not None and t.prompt_ids is not None]
-    if not ts or len(ts) != len(rec.turn_records):
+    not extend the previous prompt + completion (then train per turn on `turn_records`).
+    `rec`: an EpisodeRecord or its list of Turns."""
+    turns = rec if isinstance(rec, list) else rec.turn_records
+    ts = [t for t in turns if t.completion_ids is not None and t.prompt_ids is not None]
+    if not ts or len(ts) != len(turns):
         return None
     ids = list(ts[0].prompt_ids)
     prompt_len = len(ids)
