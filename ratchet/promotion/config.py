@@ -99,7 +99,6 @@ class CanaryPolicy:
     max_pass_drop: float = 0.0           # candidate pass rate may trail the champion's by at most this
     hard_gate_tolerance: float = 0.0
     latency_tolerance: float = 0.10
-    max_infra_rate: float = 0.10
     seed: int = 0                        # routing salt
 
     def __post_init__(self):
@@ -107,7 +106,7 @@ class CanaryPolicy:
             raise ValueError(f"canary share {self.share} must be in (0, 1), e.g. 0.1")
         if self.min_tasks < 1:
             raise ValueError(f"min_tasks {self.min_tasks} must be >= 1")
-        for k in ("max_pass_drop", "hard_gate_tolerance", "latency_tolerance", "max_infra_rate"):
+        for k in ("max_pass_drop", "hard_gate_tolerance", "latency_tolerance"):
             if getattr(self, k) < 0:
                 raise ValueError(f"{k} must be >= 0, got {getattr(self, k)}")
 
