@@ -70,9 +70,7 @@ def _init_worker() -> None:
     _RUNTIME = LocalRuntime()
 
 
-def _job(args) -> tuple[dict, dict]:
-    from dataclasses import asdict
-
+def _job(args) -> dict:
     from ratchet.evaluation.economics import RateCard
     from ratchet.evaluation.episodes import run_policy_episode
     from sandboxes.bundle import TaskBundle
@@ -81,11 +79,10 @@ def _job(args) -> tuple[dict, dict]:
     policy_id, version, bundle_d, seed, run_id, sha, judge_cfg, card_d, kw = args
     if _RUNTIME is None:
         _init_worker()
-    res = run_policy_episode(policy_id, version, TaskBundle.from_dict(bundle_d), seed, runtime=_RUNTIME,
-                             judge=make_judge(judge_cfg) if judge_cfg else None, eval_run_id=run_id,
-                             holdout_sha256=sha, rate_card=RateCard.from_dict(card_d) if card_d else None,
-                             policy_kwargs=kw)
-    return res.row, asdict(res.timing)
+    return run_policy_episode(policy_id, version, TaskBundle.from_dict(bundle_d), seed, runtime=_RUNTIME,
+                              judge=make_judge(judge_cfg) if judge_cfg else None, eval_run_id=run_id,
+                              holdout_sha256=sha, rate_card=RateCard.from_dict(card_d) if card_d else None,
+                              policy_kwargs=kw)
 
 
 @dataclass
@@ -96,7 +93,6 @@ class EvalRun:
     planned: int
     wall_s: float
     workers: int
-    timings: list[dict] = field(default_factory=list)
 
 
 def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *, seeds: Sequence[int] = (0, 1, 2),
@@ -107,12 +103,14 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
     """Every holdout task x seed for one policy. `done(eval_ids)` returns the ids that already
     have a row (skipped); `sink(rows)` stores rows in batches as they finish. A judge whose id is
     the policy's is refused before anything runs."""
-    from ratchet.evaluation.episodes import SelfJudging, eval_id, resolve
+    from ratchet.evaluation.episodes import check_judge, eval_id
+    from ratchet.policy.base import engines
     from sandboxes.verifiers.judge import make_judge
 
-    if judge and getattr(make_judge(judge), "name", None) in (policy_id, policy_id.split("@", 1)[0]):
-        raise SelfJudging(f"judge {judge} is the policy under evaluation {policy_id!r}")
-    resolve(policy_id)                                            # unknown policy: fail now
+    if judge:
+        check_judge(make_judge(judge), policy_id)                 # before anything runs
+    if policy_id.partition(":")[0] not in engines():
+        raise ValueError(f"unknown engine in policy id {policy_id!r}; engines: {engines()}")
     run_id = eval_run_id or uuid.uuid4().hex
     jobs, ids = [], []
     for b in plan.bundles:
@@ -123,15 +121,13 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
     finished = done(ids) if done else set()
     todo = [j for j, i in zip(jobs, ids) if i not in finished]
     n = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
-    out, timings, batch = [], [], []
+    out, batch = [], []
     last = time.monotonic()
     t0 = time.monotonic()
 
-    def take(result) -> None:
+    def take(row) -> None:
         nonlocal last, batch
-        row, timing = result
         out.append(row)
-        timings.append(timing)
         batch.append(row)
         if sink and (len(batch) >= flush_every or time.monotonic() - last >= flush_s):
             sink(batch)
@@ -150,7 +146,7 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
     finally:
         if sink and batch:
             sink(batch)                 # what finished before an interruption is kept
-    return EvalRun(run_id, out, len(jobs) - len(todo), len(jobs), time.monotonic() - t0, n, timings)
+    return EvalRun(run_id, out, len(jobs) - len(todo), len(jobs), time.monotonic() - t0, n)
 
 
 def warehouse_sink(wh) -> tuple[Callable, Callable]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ratchet.evaluation import tables
-from ratchet.evaluation.episodes import SelfJudging, register_policy, run_policy_episode
+from ratchet.evaluation.episodes import SelfJudging, run_policy_episode
 from ratchet.evaluation.runner import evaluate, holdout_plan, warehouse_sink
 
 pytestmark = pytest.mark.evaluation
@@ -24,7 +24,7 @@ def _repro(row):
 
 def test_row_matches_the_contract_schema(holdout):
     wh, path, tasks = holdout
-    row = run_policy_episode("harness:sbfl", "", tasks[0], 0, holdout_sha256="x").row
+    row = run_policy_episode("harness:sbfl", "", tasks[0], 0, holdout_sha256="x")
     assert set(row) == set(tables.EVAL_EPISODES.names)
     tables.to_arrow("eval_episodes", [row])          # types fit the schema
     assert row["outcome"] in ("pass", "fail") and row["reward"] is not None
@@ -114,20 +114,28 @@ def test_a_holdout_task_without_a_bundle_refuses_the_run(holdout):
             holdout_plan(con, path)
 
 
-def _crashing_policy(env, rng, **kw):
-    env.reset()
-    raise ConnectionError("model server unreachable")
+class _Unreachable:
+    """An engine whose server is down: every generate raises (as an HTTP engine would)."""
+    def __init__(self, name, policy_id=None, **kw):
+        self.policy_id = policy_id
 
-
-register_policy("test-crash", _crashing_policy)
+    def generate(self, requests):
+        raise ConnectionError("model server unreachable")
 
 
 def test_infra_failure_is_recorded_never_scored(holdout):
+    from ratchet.policy.base import engines, register_engine
+
+    if "test-down" not in engines():
+        register_engine("test-down", _Unreachable)
     _, _, tasks = holdout
-    row = run_policy_episode("test-crash:v1", "7", tasks[0], 0).row
+    row = run_policy_episode("test-down:v1", "7", tasks[0], 0)
     assert row["outcome"] == "infra_failure" and row["reward"] is None and row["passed"] is False
     assert row["reward_tests"] is None and row["human_intervention"] is False
     assert "model server unreachable" in row["error"] and row["checkpoint_version"] == "7"
+    # an engine that cannot even be made is an infra failure too, not a crash of the evaluation
+    row = run_policy_episode("harness:no-such-agent", "", tasks[0], 0)
+    assert row["outcome"] == "infra_failure" and "no-such-agent" in row["error"]
 
 
 def test_a_policy_never_judges_its_own_work(holdout):
