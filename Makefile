@@ -58,7 +58,7 @@ mut_paths_verifiers := sandboxes/verifiers/
 mut_tests_verifiers := tests/sandboxes/test_verifiers.py
 mut_paths_governance := ratchet/governance/
 mut_tests_governance := tests/governance --ignore=tests/governance/test_assets.py
-mut_paths_ingest := ratchet/ingest.py
+mut_paths_ingest := ratchet/ingest.py,ratchet/ingest_records.py,ratchet/ingest_writer.py,ratchet/ingest_ranges.py
 mut_tests_ingest := tests/ingest --ignore=tests/ingest/test_assets.py --ignore=tests/ingest/test_cli.py
 
 mutation: $(VENV)/.installed

@@ -144,6 +144,7 @@ def test_parallel_path_matches_inline(tmp_path, home, monkeypatch):
     """Large files are split into newline-aligned ranges for worker processes: same rows, same
     quarantine (with true line numbers), same counts as the inline path."""
     import ratchet.ingest as ingest_mod
+    import ratchet.ingest_ranges as ingest_ranges
     from ratchet.synth import write_jsonl
     from ratchet.warehouse import Warehouse
 
@@ -156,7 +157,7 @@ def test_parallel_path_matches_inline(tmp_path, home, monkeypatch):
 
     def run(sub, **patch):
         for k, v in patch.items():
-            monkeypatch.setattr(ingest_mod, k, v)
+            monkeypatch.setattr(ingest_ranges if k == "RANGE_BYTES" else ingest_mod, k, v)
         w = Warehouse(home.root / sub / "warehouse.duckdb")
         s = ingest([tmp_path / "a.jsonl"], w, IngestOptions(workers=2))
         with w.connect() as con:

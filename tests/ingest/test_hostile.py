@@ -15,7 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from ratchet import samples
+from ratchet import ingest_ranges, samples
+from ratchet import ingest_writer as writer_mod
 from ratchet.ingest import IngestOptions, ingest
 
 pytestmark = pytest.mark.badinput
@@ -289,7 +290,6 @@ def test_a_bad_sidecar_later_in_the_folder_commits_nothing(tmp_path, wh):
 
 
 def test_a_failure_mid_batch_leaves_nothing_visible(tmp_path, wh, monkeypatch):
-    import ratchet.ingest as ing
     from ratchet.synth import write_jsonl
 
     d = tmp_path / "in"
@@ -297,16 +297,16 @@ def test_a_failure_mid_batch_leaves_nothing_visible(tmp_path, wh, monkeypatch):
     for i in range(3):
         write_jsonl(d / f"f{i}.jsonl", 30, seed=i, start=100 * i)
     (d / "f0.jsonl").open("a").write(samples.bad_lines()[0].decode() + "\n")
-    monkeypatch.setattr(ing, "PART_ROWS", 30)  # a part per file, so the batch writes some before it fails
+    monkeypatch.setattr(writer_mod, "PART_ROWS", 30)  # a part per file, so the batch writes some before it fails
     calls = []
-    real = ing.write_part
+    real = writer_mod.write_part
 
     def failing(table, path):
         calls.append(path)
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(table, path)
-    monkeypatch.setattr(ing, "write_part", failing)
+    monkeypatch.setattr(writer_mod, "write_part", failing)
     with pytest.raises(OSError):
         ingest([d], wh)
     assert _visible(wh) == (0, 0, 0, 0)
@@ -317,14 +317,15 @@ _KILLED = r"""
 import sys
 from pathlib import Path
 import ratchet.ingest as ing
+import ratchet.ingest_writer as wr
 from ratchet.warehouse import Warehouse
-ing.PART_ROWS = 50          # stage many parts
-real = ing.write_part
+wr.PART_ROWS = 50          # stage many parts
+real = wr.write_part
 def slow(table, path):
     real(table, path)
     print("STAGED", flush=True)
     import time; time.sleep(30)
-ing.write_part = slow
+wr.write_part = slow
 ing.ingest([sys.argv[2]], Warehouse(Path(sys.argv[1]) / "warehouse.duckdb"))
 """
 
@@ -413,7 +414,7 @@ def test_a_large_files_range_parts_are_not_rewritten_by_the_automatic_compaction
     from ratchet.synth import write_jsonl
 
     monkeypatch.setattr(ing, "PARALLEL_MIN_BYTES", 1 << 20)
-    monkeypatch.setattr(ing, "RANGE_BYTES", 256 << 10)
+    monkeypatch.setattr(ingest_ranges, "RANGE_BYTES", 256 << 10)
     monkeypatch.setattr(ing, "COMPACT_SMALL_PARTS", 2)
     monkeypatch.setattr(ing, "AUTO_COMPACT_BYTES", 16 << 10)
     write_jsonl(tmp_path / "big.jsonl", 800)

@@ -4,7 +4,6 @@ twice at once), and per-file counts carried from one file to the next."""
 import multiprocessing as mp
 from pathlib import Path
 
-import pytest
 
 from ratchet.ingest import ingest
 from ratchet.synth import write_jsonl

@@ -2,7 +2,7 @@
 
 The fast path is conservative: for ANY payload, if `fast_row(payload, attribution)` returns a row,
 the general path (`readers.loads`: orjson, or msgspec where a run of 19+ digits may hold an integer
-beyond 64 bits, as ingest reads it; the batch attribution applied as `ingest._normalise_chunk` applies
+beyond 64 bits, as ingest reads it; the batch attribution applied as `ingest_records.normalise_chunk` applies
 it, then `normalise`) must accept the same record and produce exactly the same row; whenever the
 general path does not accept a record (orjson cannot read it, `normalise` raises RecordError, or it
 crashes), the fast path must have returned None. The only payloads left out of the property are the
@@ -52,7 +52,7 @@ def _content(text: bytes) -> bytes:
 
 # --------------------------------------------------------------------------- the two paths
 def _attributed(rec, attribution: dict):
-    """Batch attribution exactly as ingest._normalise_chunk applies it on the general path."""
+    """Batch attribution exactly as ingest_records.normalise_chunk applies it on the general path."""
     if isinstance(rec, dict):
         for k in ("tenant_id", "consent_id"):
             if not rec.get(k) and attribution.get(k):
@@ -67,7 +67,7 @@ def _general(payload: bytes, attribution: dict):
 
     try:
         obj = loads(payload)
-    except ValueError as e:  # orjson.JSONDecodeError or msgspec's, as ingest._decode catches them
+    except ValueError as e:  # orjson.JSONDecodeError or msgspec's, as ingest_records.decode_record catches them
         return "bad_json", str(e), None
     try:
         native = adapters.detect(obj) == adapters.NATIVE
@@ -760,7 +760,7 @@ def test_differential_fuzz_fast_path_never_disagrees_with_general_path():
 @pytest.mark.badinput
 def test_differential_fuzz_general_path_fails_only_with_record_error():
     """The same corpus: the general path refuses a record with RecordError (quarantined with a code),
-    never another exception, which ingest._normalise_chunk does not catch (the whole ingest stops)."""
+    never another exception, which ingest_records.normalise_chunk does not catch (the whole ingest stops)."""
     crashed = [(c, n, p) for c, n, p, _, kind in _fuzz_results() if kind == "crashed"]
     details = []
     for c, n, p in crashed[:8]:
@@ -913,10 +913,10 @@ NUL_PAYLOADS = [
 
 
 def _chunk(payloads: list[bytes], attribution: dict | None = None):
-    from ratchet.ingest import _FileContext, _normalise_chunk
+    from ratchet.ingest_records import FileContext, normalise_chunk
 
-    ctx = _FileContext(Path("in.jsonl"), attribution or {}, 1 << 20, {}, "batch", datetime.now(UTC))
-    return _normalise_chunk([(p, i + 1, 0) for i, p in enumerate(payloads)], ctx)
+    ctx = FileContext(Path("in.jsonl"), attribution or {}, 1 << 20, {}, "batch", datetime.now(UTC))
+    return normalise_chunk([(p, i + 1, 0) for i, p in enumerate(payloads)], ctx)
 
 
 def test_nul_payloads_are_the_only_exclusion_ingest_rejects_them_before_either_path():
@@ -1002,7 +1002,7 @@ GENERAL_CRASHES = [
 @pytest.mark.parametrize("payload", GENERAL_CRASHES, ids=range(len(GENERAL_CRASHES)))
 def test_regression_general_path_raises_record_error_not_a_crash(payload):
     """Regression: normalise raises TypeError / orjson.JSONEncodeError, which
-    ingest._normalise_chunk does not catch. The fast path correctly declines every one of them."""
+    ingest_records.normalise_chunk does not catch. The fast path correctly declines every one of them."""
     assert fast_row(payload, {}) is None
     with pytest.raises(RecordError):
         normalise(orjson.loads(payload))
@@ -1015,7 +1015,7 @@ def test_regression_non_string_batch_attribution(attribution):
     sidecar read with yaml.safe_load, where `tenant_id: 12345` is an int and `consent_id: 2026-09-01`
     a date. The fast path writes the value into the row as is (`r.tenant_id or attribution[...]`):
     an int tenant_id where normalise writes "12345" (another record_id), and a bool / date / float
-    the general path refuses with wrong_type; ingest._table then fails on the non-string column."""
+    the general path refuses with wrong_type; ingest_records.rows_table then fails on the non-string column."""
     payload = BASE + b"}"
     violation, _ = _check(payload, attribution)
     assert violation is None, violation
@@ -1023,7 +1023,7 @@ def test_regression_non_string_batch_attribution(attribution):
 
 def test_regression_token_counts_beyond_int64_are_refused_not_a_crash():
     """Regression. prompt_tokens in [2^63, 2^64) passes both paths (same row: the
-    property holds) but the column is int64, so ingest._normalise_chunk raises OverflowError
+    property holds) but the column is int64, so ingest_records.normalise_chunk raises OverflowError
     building the table: the chunk is lost instead of the record being quarantined."""
     payload = BASE + b',"usage":{"prompt_tokens":9223372036854775808}}'
     assert _check(payload, {})[0] is None
