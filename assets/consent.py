@@ -11,32 +11,20 @@ unrevoked, unexpired train-scope grant (another tenant's only when its grant nam
 # No `from __future__ import annotations`: Dagster resolves Config annotations at import time.
 from typing import Optional
 
-from dagster import (
-    AssetCheckResult,
-    AssetCheckSeverity,
-    AssetExecutionContext,
-    AssetSpec,
-    Config,
-    Definitions,
-    MaterializeResult,
-    MetadataValue,
-    asset,
-    asset_check,
-    multi_asset,
-)
+import dagster as dg
 
 from ratchet.markdown import md_table
 from resources import WarehouseResource
 
 
-class ConsentGrantsConfig(Config):
+class ConsentGrantsConfig(dg.Config):
     registry_path: Optional[str] = None   # YAML or CSV; default RATCHET_HOME/consent_registry.yaml
     allow_missing: bool = False           # a missing registry = no grants: every trajectory is excluded
 
 
-@asset(group_name="consent", kinds={"duckdb"}, pool="warehouse",
+@dg.asset(group_name="consent", kinds={"duckdb"}, pool="warehouse",
        description="The consent grant registry (consent_id, tenant, scopes, retention, revocation) as loaded now.")
-def consent_grants(context: AssetExecutionContext, config: ConsentGrantsConfig, warehouse: WarehouseResource) -> MaterializeResult:
+def consent_grants(context: dg.AssetExecutionContext, config: ConsentGrantsConfig, warehouse: WarehouseResource) -> dg.MaterializeResult:
     from collections import Counter
     from pathlib import Path
 
@@ -52,15 +40,15 @@ def consent_grants(context: AssetExecutionContext, config: ConsentGrantsConfig, 
     rows = [{**r, "source_path": str(path), "loaded_at": now} for r in grant_rows(grants)]
     warehouse.store().replace("consent_grants", rows)
     revoked = sorted(g.consent_id for g in grants.values() if g.revoked_at is not None)
-    return MaterializeResult(metadata={
-        "grants": len(rows), "dagster/row_count": len(rows), "registry": MetadataValue.path(str(path)),
+    return dg.MaterializeResult(metadata={
+        "grants": len(rows), "dagster/row_count": len(rows), "registry": dg.MetadataValue.path(str(path)),
         "registry_missing": not path.exists(),
-        "by_tenant": MetadataValue.json(dict(Counter(g.tenant_id for g in grants.values()))),
-        "revoked": MetadataValue.json(revoked),
+        "by_tenant": dg.MetadataValue.json(dict(Counter(g.tenant_id for g in grants.values()))),
+        "revoked": dg.MetadataValue.json(revoked),
         "without_train_scope": sum("train" not in g.scopes for g in grants.values())})
 
 
-class TrainingViewsConfig(Config):
+class TrainingViewsConfig(dg.Config):
     now: Optional[str] = None        # ISO-8601 evaluation time (replays, tests); default: now
     tenants: list[str] = []          # policy tenants to build; empty = every tenant seen
 
@@ -68,14 +56,14 @@ class TrainingViewsConfig(Config):
 _VIEW_DEPS = ["consent_grants", "split_assignments", "holdout_manifest", "trajectories"]
 
 
-@multi_asset(name="training_views", pool="warehouse", specs=[
-    AssetSpec("training_set", group_name="consent", kinds={"duckdb"}, deps=_VIEW_DEPS,
+@dg.multi_asset(name="training_views", pool="warehouse", specs=[
+    dg.AssetSpec("training_set", group_name="consent", kinds={"duckdb"}, deps=_VIEW_DEPS,
               description="Per policy tenant, the trajectories it may train on (view v_training_set joins the "
                           "trajectory): consented, unexpired, unrevoked, train split only."),
-    AssetSpec("consent_audit", group_name="consent", kinds={"duckdb"}, deps=_VIEW_DEPS,
+    dg.AssetSpec("consent_audit", group_name="consent", kinds={"duckdb"}, deps=_VIEW_DEPS,
               description="Every (trajectory, policy tenant) excluded from training, with its reason "
                           "(v_consent_audit_summary).")])
-def training_views(context: AssetExecutionContext, config: TrainingViewsConfig, warehouse: WarehouseResource):
+def training_views(context: dg.AssetExecutionContext, config: TrainingViewsConfig, warehouse: WarehouseResource):
     from collections import Counter
 
     from ratchet.clock import parse_now
@@ -105,36 +93,36 @@ def training_views(context: AssetExecutionContext, config: TrainingViewsConfig, 
     md = md_table(["policy tenant", "training rows", "excluded"],
                   [(t, per[t], sum(1 for a in audit if a["target_tenant"] == t)) for t in tenants])
     context.log.info(f"training views at {now.isoformat()}: {dict(per)}; excluded {dict(reasons)}")
-    yield MaterializeResult(asset_key="training_set", metadata={
+    yield dg.MaterializeResult(asset_key="training_set", metadata={
         "evaluated_at": now.isoformat(), "trajectories": len(trajs), "training_rows": len(train),
-        "dagster/row_count": len(train), "by_tenant": MetadataValue.md(md)})
-    yield MaterializeResult(asset_key="consent_audit", metadata={
+        "dagster/row_count": len(train), "by_tenant": dg.MetadataValue.md(md)})
+    yield dg.MaterializeResult(asset_key="consent_audit", metadata={
         "evaluated_at": now.isoformat(), "excluded": len(audit), "dagster/row_count": len(audit),
-        "excluded_by_reason": MetadataValue.json(dict(reasons))})
+        "excluded_by_reason": dg.MetadataValue.json(dict(reasons))})
 
 
-@asset_check(asset="training_set", blocking=True,
+@dg.asset_check(asset="training_set", blocking=True,
              description="Re-verifies training_set in SQL, independently of the gate that built it: no row of another "
                          "tenant without a sharing grant, none under a missing / revoked / expired / non-train grant, "
                          "none outside the train split.")
-def training_set_clean(warehouse: WarehouseResource) -> AssetCheckResult:
+def training_set_clean(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     from ratchet.governance.training_views import TRAINING_VIOLATIONS_SQL
 
     store = warehouse.store()
     bad = store.read(TRAINING_VIOLATIONS_SQL)
-    return AssetCheckResult(passed=not bad, severity=AssetCheckSeverity.ERROR, metadata={
+    return dg.AssetCheckResult(passed=not bad, severity=dg.AssetCheckSeverity.ERROR, metadata={
         "training_rows": store.count("training_set"), "violations": sum(b["n"] for b in bad),
-        "by_violation": MetadataValue.json({b["violation"]: b["n"] for b in bad}),
-        "examples": MetadataValue.json([{k: b[k] for k in ("violation", "example_tenant", "example_record")} for b in bad])})
+        "by_violation": dg.MetadataValue.json({b["violation"]: b["n"] for b in bad}),
+        "examples": dg.MetadataValue.json([{k: b[k] for k in ("violation", "example_tenant", "example_record")} for b in bad])})
 
 
-class CheckpointFlagsConfig(Config):
+class CheckpointFlagsConfig(dg.Config):
     now: Optional[str] = None        # ISO-8601; default: now
 
 
-@asset(group_name="consent", deps=["consent_grants", "trajectories"], kinds={"duckdb"}, pool="warehouse",
+@dg.asset(group_name="consent", deps=["consent_grants", "trajectories"], kinds={"duckdb"}, pool="warehouse",
        description="Flags every registered checkpoint (`checkpoints` table) trained on data under a revoked grant.")
-def checkpoint_flags(context: AssetExecutionContext, config: CheckpointFlagsConfig, warehouse: WarehouseResource) -> MaterializeResult:
+def checkpoint_flags(context: dg.AssetExecutionContext, config: CheckpointFlagsConfig, warehouse: WarehouseResource) -> dg.MaterializeResult:
     from ratchet.clock import parse_now
     from ratchet.governance.checkpoints import CHECKPOINT_COUNTS_SQL, flag_checkpoints
 
@@ -144,10 +132,10 @@ def checkpoint_flags(context: AssetExecutionContext, config: CheckpointFlagsConf
     counts = store.read(CHECKPOINT_COUNTS_SQL)[0]
     if new:
         context.log.warning(f"flagged checkpoints trained on revoked grants: {new}")
-    return MaterializeResult(metadata={
+    return dg.MaterializeResult(metadata={
         "checkpoints": counts["total"], "flagged": counts["flagged"], "dagster/row_count": len(flags),
-        "newly_flagged": MetadataValue.json(new),
-        "flags": MetadataValue.json([{k: f[k] for k in ("checkpoint_id", "consent_id", "n_records")} for f in flags][:50])})
+        "newly_flagged": dg.MetadataValue.json(new),
+        "flags": dg.MetadataValue.json([{k: f[k] for k in ("checkpoint_id", "consent_id", "n_records")} for f in flags][:50])})
 
 
-defs = Definitions(assets=[consent_grants, training_views, checkpoint_flags], asset_checks=[training_set_clean])
+defs = dg.Definitions(assets=[consent_grants, training_views, checkpoint_flags], asset_checks=[training_set_clean])

@@ -1,40 +1,28 @@
 """Stage 1: trajectory ingest (landing folder -> `trajectories` + `quarantine`)."""
 # No `from __future__ import annotations`: Dagster resolves Config annotations at import time.
 
-from dagster import (
-    AssetCheckResult,
-    AssetCheckSeverity,
-    AssetExecutionContext,
-    AssetKey,
-    AssetSpec,
-    Config,
-    Definitions,
-    MaterializeResult,
-    MetadataValue,
-    asset_check,
-    multi_asset,
-)
+import dagster as dg
 
 from ratchet.markdown import md_table
 from resources import MlflowTracking, WarehouseResource
 
 
-class IngestConfig(Config):
+class IngestConfig(dg.Config):
     paths: list[str] = []              # files or folders; empty = the landing folder
     tenant_id: str | None = None       # attribution for records that carry none
     consent_id: str | None = None
     max_record_mb: float = 32.0
 
 
-@multi_asset(
+@dg.multi_asset(
     name="ingest",
-    specs=[AssetSpec("trajectories", group_name="ingest", kinds={"duckdb", "parquet"},
+    specs=[dg.AssetSpec("trajectories", group_name="ingest", kinds={"duckdb", "parquet"},
                      description="Accepted trajectories (contract v1), one row per distinct content."),
-           AssetSpec("quarantine", group_name="ingest", kinds={"duckdb"},
+           dg.AssetSpec("quarantine", group_name="ingest", kinds={"duckdb"},
                      description="Every record that could not be accepted, with raw payload and reason.")],
     pool="warehouse",
 )
-def ingest_assets(context: AssetExecutionContext, config: IngestConfig, warehouse: WarehouseResource,
+def ingest_assets(context: dg.AssetExecutionContext, config: IngestConfig, warehouse: WarehouseResource,
                   tracking: MlflowTracking):
     from ratchet.home import get_home
     from ratchet.ingest import IngestOptions, ingest
@@ -64,15 +52,15 @@ def ingest_assets(context: AssetExecutionContext, config: IngestConfig, warehous
     store = warehouse.store()
     total, qtotal = store.count("trajectories"), store.count("quarantine")
     common = {"batch_id": s.batch_id, "read": s.read, "duplicates": s.duplicates,
-              "mlflow_run": MetadataValue.url(run.url), "chart": MetadataValue.path(str(chart))}
-    yield MaterializeResult(asset_key="trajectories", metadata={
+              "mlflow_run": dg.MetadataValue.url(run.url), "chart": dg.MetadataValue.path(str(chart))}
+    yield dg.MaterializeResult(asset_key="trajectories", metadata={
         **common, "accepted": s.accepted, "dagster/row_count": total, "id_clashes": s.id_clashes, "rows_total": total,
         "attribution_conflicts": s.attribution_conflicts, "compacted_parts": s.compacted_parts,
-        "by_format": MetadataValue.json(s.by_format), "seconds": s.seconds})
-    yield MaterializeResult(asset_key="quarantine", metadata={
+        "by_format": dg.MetadataValue.json(s.by_format), "seconds": s.seconds})
+    yield dg.MaterializeResult(asset_key="quarantine", metadata={
         **common, "quarantined": s.quarantined, "dagster/row_count": qtotal, "rows_total": qtotal,
-        "reasons": MetadataValue.md(_reasons_md(s.quarantine_reasons)),
-        "skipped_files": s.skipped, "skip_reasons": MetadataValue.json(s.skip_reasons),
+        "reasons": dg.MetadataValue.md(_reasons_md(s.quarantine_reasons)),
+        "skipped_files": s.skipped, "skip_reasons": dg.MetadataValue.json(s.skip_reasons),
         "superseded": s.superseded})
 
 
@@ -82,21 +70,21 @@ def _reasons_md(reasons: dict) -> str:
     return md_table(["reason", "records"], [(f"`{k}`", v) for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])])
 
 
-@asset_check(asset=AssetKey("trajectories"), blocking=True,
+@dg.asset_check(asset=dg.AssetKey("trajectories"), blocking=True,
              description="Contract v1 expectations (great-expectations) over every stored trajectory.")
-def trajectories_contract(warehouse: WarehouseResource) -> AssetCheckResult:
+def trajectories_contract(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     from ratchet.adapters import FORMATS
     from ratchet.validation import STORED_COLUMNS_SQL, validate_trajectories
 
     rep = validate_trajectories(warehouse.store().df(STORED_COLUMNS_SQL), FORMATS)
-    return AssetCheckResult(passed=rep.success, severity=AssetCheckSeverity.ERROR, metadata={
+    return dg.AssetCheckResult(passed=rep.success, severity=dg.AssetCheckSeverity.ERROR, metadata={
         "rows": rep.rows, "expectations": len(rep.results), "failed": len(rep.failed),
-        "results": MetadataValue.json(rep.results)})
+        "results": dg.MetadataValue.json(rep.results)})
 
 
-@asset_check(asset=AssetKey("quarantine"), blocking=False,
+@dg.asset_check(asset=dg.AssetKey("quarantine"), blocking=False,
              description="Warns when the latest ingest quarantined more than 10% of what it read.")
-def quarantine_rate(warehouse: WarehouseResource) -> AssetCheckResult:
+def quarantine_rate(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     from ratchet.validation import LAST_BATCH_SQL, UNEXPLAINED_QUARANTINE_SQL
 
     store = warehouse.store()
@@ -104,9 +92,9 @@ def quarantine_rate(warehouse: WarehouseResource) -> AssetCheckResult:
     missing = store.scalar(UNEXPLAINED_QUARANTINE_SQL)
     row = last[0] if last else None
     rate = (row["quarantined"] / row["read"]) if row and row["read"] else 0.0
-    return AssetCheckResult(passed=rate <= 0.10 and missing == 0, severity=AssetCheckSeverity.WARN,
+    return dg.AssetCheckResult(passed=rate <= 0.10 and missing == 0, severity=dg.AssetCheckSeverity.WARN,
                             metadata={"batch_id": row["batch_id"] if row else None, "rate": rate,
                                       "rows_without_reason_or_payload": missing})
 
 
-defs = Definitions(assets=[ingest_assets], asset_checks=[trajectories_contract, quarantine_rate])
+defs = dg.Definitions(assets=[ingest_assets], asset_checks=[trajectories_contract, quarantine_rate])

@@ -9,20 +9,7 @@ The contamination check is blocking: when it fails, nothing downstream of split_
 # No `from __future__ import annotations`: Dagster resolves Config annotations at import time.
 from typing import Optional
 
-from dagster import (
-    AssetCheckExecutionContext,
-    AssetCheckResult,
-    AssetCheckSeverity,
-    AssetExecutionContext,
-    AssetSpec,
-    Config,
-    Definitions,
-    MaterializeResult,
-    MetadataValue,
-    asset,
-    asset_check,
-    multi_asset,
-)
+import dagster as dg
 
 from ratchet.markdown import md_table
 from resources import WarehouseResource
@@ -36,18 +23,18 @@ def _manifest_path(warehouse: WarehouseResource, configured: Optional[str]):
     return Path(configured) if configured else get_home(warehouse.home).root / "holdout_manifest.json"
 
 
-class DedupConfig(Config):
+class DedupConfig(dg.Config):
     threshold: float = 0.8           # MinHash Jaccard of prompt / issue text that joins a cluster
     chart: bool = True               # PNG histogram of cluster sizes under RATCHET_HOME/artifacts
 
 
-@multi_asset(name="dedup_clusters", pool="warehouse", specs=[
-    AssetSpec("dedup_clusters", group_name="governance", kinds={"duckdb"}, deps=["tasks", "trajectories"],
+@dg.multi_asset(name="dedup_clusters", pool="warehouse", specs=[
+    dg.AssetSpec("dedup_clusters", group_name="governance", kinds={"duckdb"}, deps=["tasks", "trajectories"],
               description="Near-duplicate clusters over tasks and trajectories (MinHash text, AST code, same "
                           "repo / issue / task): one row per item with its cluster."),
-    AssetSpec("dedup_edges", group_name="governance", kinds={"duckdb"}, deps=["tasks", "trajectories"],
+    dg.AssetSpec("dedup_edges", group_name="governance", kinds={"duckdb"}, deps=["tasks", "trajectories"],
               description="Why each pair of items was joined (reason, score): the evidence behind dedup_clusters.")])
-def dedup_clusters(context: AssetExecutionContext, config: DedupConfig, warehouse: WarehouseResource):
+def dedup_clusters(context: dg.AssetExecutionContext, config: DedupConfig, warehouse: WarehouseResource):
     import time
     from collections import Counter
 
@@ -83,19 +70,19 @@ def dedup_clusters(context: AssetExecutionContext, config: DedupConfig, warehous
         "items": len(rows), "dagster/row_count": len(rows), "tasks": sum(r["kind"] == "task" for r in rows),
         "trajectories": sum(r["kind"] == "trajectory" for r in rows), "clusters": len(sizes),
         "largest_cluster": max(sizes.values(), default=0), "clusters_with_tasks_and_trajectories": mixed,
-        "size_histogram": MetadataValue.md(md_table(["size", "clusters"], hist.items())),
+        "size_histogram": dg.MetadataValue.md(md_table(["size", "clusters"], hist.items())),
         "threshold": config.threshold, "seconds": round(seconds, 2)}
     if config.chart and rows:
         path = get_home(warehouse.home).artifacts / f"dedup-clusters-{context.run_id[:8]}.png"
-        meta["chart"] = MetadataValue.path(str(cluster_chart(hist, f"{len(sizes)} clusters over {len(rows)} items", path)))
+        meta["chart"] = dg.MetadataValue.path(str(cluster_chart(hist, f"{len(sizes)} clusters over {len(rows)} items", path)))
     context.log.info(f"dedup: {len(rows)} items -> {len(sizes)} clusters in {seconds:.1f} s")
-    yield MaterializeResult(asset_key="dedup_clusters", metadata=meta)
-    yield MaterializeResult(asset_key="dedup_edges", metadata={
+    yield dg.MaterializeResult(asset_key="dedup_clusters", metadata=meta)
+    yield dg.MaterializeResult(asset_key="dedup_edges", metadata={
         "edges": edges.num_rows, "dagster/row_count": edges.num_rows,
-        "edges_by_reason": MetadataValue.json(dict(Counter(edges.column("reason").to_pylist())))})
+        "edges_by_reason": dg.MetadataValue.json(dict(Counter(edges.column("reason").to_pylist())))})
 
 
-class SplitConfig(Config):
+class SplitConfig(dg.Config):
     train: int = 600                 # reference targets in tasks; scaled proportionally when fewer
     val: int = 160
     holdout: int = 400
@@ -103,10 +90,10 @@ class SplitConfig(Config):
     manifest_path: Optional[str] = None   # default RATCHET_HOME/holdout_manifest.json
 
 
-@asset(group_name="governance", deps=["dedup_clusters"], kinds={"duckdb"}, pool="warehouse",
+@dg.asset(group_name="governance", deps=["dedup_clusters"], kinds={"duckdb"}, pool="warehouse",
        description="train / val / holdout per task (whole clusters, stratified by slice) and per trajectory "
                    "(its cluster's split). A locked holdout never moves; a tampered manifest fails the run.")
-def split_assignments(context: AssetExecutionContext, config: SplitConfig, warehouse: WarehouseResource) -> MaterializeResult:
+def split_assignments(context: dg.AssetExecutionContext, config: SplitConfig, warehouse: WarehouseResource) -> dg.MaterializeResult:
     from collections import Counter
 
     from ratchet.clock import now_utc
@@ -134,27 +121,27 @@ def split_assignments(context: AssetExecutionContext, config: SplitConfig, wareh
     sizes = Counter((r["kind"], r["split"]) for r in rows)
     if missing:
         context.log.warning(f"{len(missing)} locked holdout tasks are not in the tasks table (e.g. {missing[:3]})")
-    return MaterializeResult(metadata={
+    return dg.MaterializeResult(metadata={
         "dagster/row_count": len(rows),
-        "split_sizes": MetadataValue.json({f"{k}/{s}": n for (k, s), n in sorted(sizes.items())}),
-        "by_slice": MetadataValue.md(split_summary_md(rows)),
-        "holdout_tasks": len(held), "targets": MetadataValue.json(targets),
+        "split_sizes": dg.MetadataValue.json({f"{k}/{s}": n for (k, s), n in sorted(sizes.items())}),
+        "by_slice": dg.MetadataValue.md(split_summary_md(rows)),
+        "holdout_tasks": len(held), "targets": dg.MetadataValue.json(targets),
         "manifest_sha256": manifest.sha256 if manifest else "not locked yet (locked by holdout_manifest)",
         "manifest_version": manifest.version if manifest else 0,
         "holdout_tasks_missing_from_tasks": len(missing),
         "excluded_contaminated": sum(r["split"] == "excluded_contaminated" for r in rows)})
 
 
-class ContaminationConfig(Config):
+class ContaminationConfig(dg.Config):
     threshold: float = 0.8           # MinHash Jaccard counted as overlap across splits
     max_examples: int = 5
 
 
-@asset_check(asset="split_assignments", blocking=True, pool="warehouse",
+@dg.asset_check(asset="split_assignments", blocking=True, pool="warehouse",
              description="Recomputes every overlap between splits from the raw items (exact id / same task, repo, "
                          "issue, MinHash >= threshold, AST collision); passes only at 0.0%. Blocks training.")
-def contamination(context: AssetCheckExecutionContext, config: ContaminationConfig,
-                  warehouse: WarehouseResource) -> AssetCheckResult:
+def contamination(context: dg.AssetCheckExecutionContext, config: ContaminationConfig,
+                  warehouse: WarehouseResource) -> dg.AssetCheckResult:
     from ratchet.clock import now_utc
     from ratchet.governance.contamination import contamination_report, report_tables
     from ratchet.governance.items import (
@@ -168,21 +155,21 @@ def contamination(context: AssetCheckExecutionContext, config: ContaminationConf
                                code_cols=("code",), key_cols=CONTAMINATION_KEYS, threshold=config.threshold,
                                max_examples=config.max_examples)
     store.append(report_tables(rep, now_utc(), context.run.run_id))
-    return AssetCheckResult(passed=bool(rep["passed"]), severity=AssetCheckSeverity.ERROR, metadata={
+    return dg.AssetCheckResult(passed=bool(rep["passed"]), severity=dg.AssetCheckSeverity.ERROR, metadata={
         "overlap_pct": round(100 * rep["overlap_fraction"], 4), "items_in_splits": rep["n_items"],
         "overlapping_items": rep["n_overlapping_items"], "threshold": rep["threshold"],
-        "pairs_by_kind": MetadataValue.json(rep["counts"]),
-        "examples": MetadataValue.json({k: v for k, v in rep["examples"].items() if v})})
+        "pairs_by_kind": dg.MetadataValue.json(rep["counts"]),
+        "examples": dg.MetadataValue.json({k: v for k, v in rep["examples"].items() if v})})
 
 
-class HoldoutConfig(Config):
+class HoldoutConfig(dg.Config):
     manifest_path: Optional[str] = None   # default RATCHET_HOME/holdout_manifest.json
 
 
-@asset(group_name="governance", deps=["split_assignments"], kinds={"duckdb", "json"}, pool="warehouse",
+@dg.asset(group_name="governance", deps=["split_assignments"], kinds={"duckdb", "json"}, pool="warehouse",
        description="The locked holdout: manifest JSON (sorted task ids + sha256) at RATCHET_HOME, the "
                    "`holdout_manifest` table and an audit log. Locked on the first clean run, verified after.")
-def holdout_manifest(context: AssetExecutionContext, config: HoldoutConfig, warehouse: WarehouseResource) -> MaterializeResult:
+def holdout_manifest(context: dg.AssetExecutionContext, config: HoldoutConfig, warehouse: WarehouseResource) -> dg.MaterializeResult:
     from ratchet.governance.holdout import (
         HOLDOUT_TASKS_SQL,
         TASK_IDS_SQL,
@@ -199,10 +186,10 @@ def holdout_manifest(context: AssetExecutionContext, config: HoldoutConfig, ware
     for note in notes:
         context.log.warning(note)
     context.log.info(f"holdout {event}: version {m.version}, {len(m.task_ids)} tasks, sha256 {m.sha256}")
-    return MaterializeResult(metadata={
+    return dg.MaterializeResult(metadata={
         "event": event, "manifest_sha256": m.sha256, "version": m.version, "tasks": len(m.task_ids),
         "dagster/row_count": len(m.task_ids), "locked_by": m.locked_by, "created_at": m.created_at,
-        "path": MetadataValue.path(str(path)), "tasks_not_in_table": len(set(m.task_ids) - present)})
+        "path": dg.MetadataValue.path(str(path)), "tasks_not_in_table": len(set(m.task_ids) - present)})
 
 
-defs = Definitions(assets=[dedup_clusters, split_assignments, holdout_manifest], asset_checks=[contamination])
+defs = dg.Definitions(assets=[dedup_clusters, split_assignments, holdout_manifest], asset_checks=[contamination])
