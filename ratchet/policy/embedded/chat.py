@@ -1,0 +1,184 @@
+"""The embedded policy's chat format: one Jinja template (rendering tool calls, marking assistant
+spans with `{% generation %}`), `render`, `parse_assistant`, and `prepare`, which puts stored
+OpenAI-chat messages into the form the template renders.
+
+    <|im_start|>system
+    You are a code-repair agent ...
+
+    # Tools
+    localize(top?: integer, formula?: string, tests?: array)
+    ...<|im_end|>
+    <|im_start|>user
+    Repository: ...<|im_end|>
+    <|im_start|>assistant
+    Let me read the issue first.
+    <tool_call>{"name": "view_issue", "arguments": {}}</tool_call><|im_end|>
+    <|im_start|>tool
+    Issue HE-003 ...<|im_end|>
+
+The assistant span (what the policy generates, what the loss sees) runs from after
+`<|im_start|>assistant\\n` up to and including `<|im_end|>` (the stop token: the model must learn
+to stop). Tools are shown as one-line signatures, not whole JSON schemas: the grammar
+(`ratchet.policy.grammar`) enforces the schemas, and a small model pays for every prompt token.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterable
+
+IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+SPECIAL_TOKENS = (PAD, IM_START, IM_END)
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+# Long observations (a whole file, a pytest tail) are clipped to their head: what the expert acts
+# on (counts, FAILED ids, ranked lines, candidates) comes first, and context length is the cost
+# of every CPU training step. Applied in `prepare`, so training and inference see the same text.
+MAX_TOOL_CHARS = 600
+CLIP_MARK = "\n...[clipped]"
+
+# transformers renders with trim_blocks/lstrip_blocks: a newline right after a tag is dropped, so
+# the template has no whitespace-control dashes and writes each newline next to a tag as {{ NL }}.
+CHAT_TEMPLATE = (
+    "{% set NL = '\\n' %}"
+    "{% set sys = messages[0].content if messages and messages[0].role == 'system' else '' %}"
+    "{% if sys or tools %}<|im_start|>system{{ NL }}{{ sys }}"
+    "{% if tools %}{{ NL ~ NL if sys else '' }}# Tools"
+    "{% for tool in tools %}{% set f = tool.function if tool.function is defined else tool %}"
+    "{% set req = f.parameters.required if f.parameters.required is defined else [] %}"
+    "{{ NL }}{{ f.name }}("
+    "{% for name, spec in f.parameters.properties.items() %}"
+    "{{ name }}{{ '' if name in req else '?' }}: {{ spec.type }}{{ '' if loop.last else ', ' }}"
+    "{% endfor %})"
+    "{% endfor %}"
+    "{% endif %}<|im_end|>{{ NL }}"
+    "{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'assistant' %}<|im_start|>assistant{{ NL }}"
+    "{% set body %}"
+    "{% if m.content %}{{ m.content }}{{ NL if m.tool_calls else '' }}{% endif %}"
+    "{% for c in (m.tool_calls or []) %}"
+    "<tool_call>{\"name\": {{ c.function.name | tojson }}, \"arguments\": {{ c.function.arguments }}}</tool_call>"
+    "{% endfor %}<|im_end|>"
+    "{% endset %}"
+    "{% if m.train is not defined or m.train %}{% generation %}{{ body }}{% endgeneration %}"
+    "{% else %}{{ body }}{% endif %}{{ NL }}"
+    "{% elif m.role != 'system' or not loop.first %}"
+    "<|im_start|>{{ m.role }}{{ NL }}{{ m.content }}<|im_end|>{{ NL }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant{{ NL }}{% endif %}"
+)
+
+
+def _text(content: Any) -> str:
+    """OpenAI content: a string, None, or a list of parts (text parts joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
+def clip(text: str, limit: int | None = MAX_TOOL_CHARS) -> str:
+    return text if limit is None or len(text) <= limit else text[:limit] + CLIP_MARK
+
+
+def canonical_arguments(name: str, arguments: Any, functions: dict[str, dict]) -> str | None:
+    """Arguments as the grammar emits them (schema property order, json.dumps separators), or None
+    when the call is not one the offered schemas allow (unknown tool, bad JSON, schema mismatch)."""
+    from ratchet.policy.grammar import arguments_valid
+
+    fn = functions.get(name)
+    try:
+        args = json.loads(arguments) if isinstance(arguments, str) else (arguments or {})
+    except json.JSONDecodeError:
+        return None
+    if fn is None or not arguments_valid(fn["parameters"], args):
+        return None
+    order = list(fn["parameters"].get("properties", {}))
+    return json.dumps({k: args[k] for k in order if k in args})
+
+
+def _functions(tools: Iterable[dict] | None) -> dict[str, dict]:
+    return {(t.get("function") or t)["name"]: (t.get("function") or t) for t in tools or ()}
+
+
+def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: int | None = MAX_TOOL_CHARS,
+            train_invalid_calls: bool = False) -> list[dict]:
+    """Stored messages -> template input: text content, canonical call arguments, clipped tool
+    output, and `train: False` on assistant turns holding a call the offered schemas do not allow
+    (the grammar could never emit it, so the loss must not teach it; `train_invalid_calls` keeps
+    them). A turn whose call is invalid keeps its raw argument text, as logged."""
+    schemas = _functions(tools)
+    out = []
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant":
+            calls, ok = [], True
+            for c in m.get("tool_calls") or ():
+                fn = c.get("function") or {}
+                name, raw = fn.get("name") or "", fn.get("arguments")
+                args = canonical_arguments(name, raw, schemas)
+                if args is None:
+                    ok = False
+                    args = raw if isinstance(raw, str) else json.dumps(raw)
+                calls.append({"type": "function", "function": {"name": name, "arguments": args}})
+            msg = {"role": "assistant", "content": _text(m.get("content")).strip(), "tool_calls": calls}
+            if not ok and not train_invalid_calls:
+                msg["train"] = False
+            if m.get("token_ids") is not None:
+                msg["token_ids"] = list(m["token_ids"])
+            out.append(msg)
+        elif role == "tool":
+            out.append({"role": "tool", "content": clip(_text(m.get("content")), max_tool_chars)})
+        else:
+            out.append({"role": role, "content": _text(m.get("content"))})
+    return out
+
+
+def render_spans(messages: list[dict], tools: list[dict] | None = None, *, add_generation_prompt: bool = False,
+                 prepared: bool = False, **prepare_kw) -> tuple[str, list[tuple[int, int]]]:
+    """(text, assistant character spans) through the one template (transformers' own renderer,
+    the code `apply_chat_template` runs)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    msgs = messages if prepared else prepare(messages, tools, **prepare_kw)
+    texts, spans = render_jinja_template(conversations=[msgs], tools=tools or None, chat_template=CHAT_TEMPLATE,
+                                         return_assistant_tokens_mask=True,
+                                         add_generation_prompt=add_generation_prompt)
+    return texts[0], [tuple(s) for s in spans[0]]
+
+
+def render(messages: list[dict], tools: list[dict] | None = None, *, add_generation_prompt: bool = True,
+           **prepare_kw) -> str:
+    """The prompt text for the embedded policy (ends with `<|im_start|>assistant\\n` by default)."""
+    return render_spans(messages, tools, add_generation_prompt=add_generation_prompt, **prepare_kw)[0]
+
+
+_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.S)
+
+
+def parse_assistant(text: str) -> list[dict]:
+    """Tool calls in one generated assistant turn, as OpenAI `tool_calls` entries (no ids: the
+    runner numbers them). A call whose JSON is broken is returned with name "" and the raw text
+    as arguments, so the environment answers it with an error instead of it vanishing."""
+    calls = []
+    for body in _CALL.findall(text):
+        try:
+            obj = json.loads(body)
+            name, args = obj["name"], obj.get("arguments", {})
+            if not isinstance(name, str):
+                raise TypeError(name)
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            calls.append({"type": "function", "function": {"name": "", "arguments": body}})
+            continue
+        calls.append({"type": "function", "function": {
+            "name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    return calls
+
+
+def parse_turn(text: str) -> dict:
+    """One generated turn as an assistant message: the text before the first call is `content`."""
+    text = text.split(IM_END, 1)[0]
+    head = text.split(CALL_OPEN, 1)[0].strip()
+    return {"role": "assistant", "content": head or None, "tool_calls": parse_assistant(text)}
