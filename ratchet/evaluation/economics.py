@@ -177,8 +177,8 @@ def economics_row(pc: PolicyCost, baseline: PolicyCost | None = None, *, product
         "computable": per is not None,
         "variable_per_accepted": money(per), "sample_amortised": money(sample),
         "production_amortised": money(prod),
-        "training_investment": money(pc.training_usd) + (f" (+{money(pc.warm_start_usd)} warm start)"
-                                                          if pc.warm_start_usd else ""),
+        "training_investment": ("$0" if pc.training_usd == 0 else money(pc.training_usd))
+                               + (f" (+{money(pc.warm_start_usd)} warm start)" if pc.warm_start_usd else ""),
         "break_even": ("baseline" if be is None and baseline is not None else "" if be is None
                        else f"{be:,} runs" if isinstance(be, int) else be),
     }
