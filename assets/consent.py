@@ -13,6 +13,7 @@ from typing import Optional
 
 import dagster as dg
 
+from assets import OWNERS, table_metadata
 from ratchet.markdown import md_table
 from resources import WarehouseResource
 
@@ -22,8 +23,9 @@ class ConsentGrantsConfig(dg.Config):
     allow_missing: bool = False           # a missing registry = no grants: every trajectory is excluded
 
 
-@dg.asset(group_name="consent", kinds={"duckdb"}, pool="warehouse",
-       description="The consent grant registry (consent_id, tenant, scopes, retention, revocation) as loaded now.")
+@dg.asset(group_name="consent", owners=OWNERS["consent"], metadata=table_metadata("consent_grants"),
+          kinds={"duckdb"}, pool="warehouse",
+          description="The consent grant registry (consent_id, tenant, scopes, retention, revocation) as loaded now.")
 def consent_grants(context: dg.AssetExecutionContext, config: ConsentGrantsConfig, warehouse: WarehouseResource) -> dg.MaterializeResult:
     from collections import Counter
     from pathlib import Path
@@ -41,7 +43,7 @@ def consent_grants(context: dg.AssetExecutionContext, config: ConsentGrantsConfi
     warehouse.store().replace("consent_grants", rows)
     revoked = sorted(g.consent_id for g in grants.values() if g.revoked_at is not None)
     return dg.MaterializeResult(metadata={
-        "grants": len(rows), "dagster/row_count": len(rows), "registry": dg.MetadataValue.path(str(path)),
+        "grants": len(rows), "dagster/row_count": len(rows), "registry": get_home(warehouse.home).relative(path),
         "registry_missing": not path.exists(),
         "by_tenant": dg.MetadataValue.json(dict(Counter(g.tenant_id for g in grants.values()))),
         "revoked": dg.MetadataValue.json(revoked),
@@ -57,12 +59,16 @@ _VIEW_DEPS = ["consent_grants", "split_assignments", "holdout_manifest", "trajec
 
 
 @dg.multi_asset(name="training_views", pool="warehouse", specs=[
-    dg.AssetSpec("training_set", group_name="consent", kinds={"duckdb"}, deps=_VIEW_DEPS,
-              description="Per policy tenant, the trajectories it may train on (view v_training_set joins the "
-                          "trajectory): consented, unexpired, unrevoked, train split only."),
-    dg.AssetSpec("consent_audit", group_name="consent", kinds={"duckdb"}, deps=_VIEW_DEPS,
-              description="Every (trajectory, policy tenant) excluded from training, with its reason "
-                          "(v_consent_audit_summary).")])
+    dg.AssetSpec(
+        "training_set", group_name="consent", owners=OWNERS["consent"], metadata=table_metadata("training_set"),
+        kinds={"duckdb"}, deps=_VIEW_DEPS,
+        description="Per policy tenant, the trajectories it may train on (view v_training_set joins the "
+                    "trajectory): consented, unexpired, unrevoked, train split only."),
+    dg.AssetSpec(
+        "consent_audit", group_name="consent", owners=OWNERS["consent"], metadata=table_metadata("consent_audit"),
+        kinds={"duckdb"}, deps=_VIEW_DEPS,
+        description="Every (trajectory, policy tenant) excluded from training, with its reason "
+                    "(v_consent_audit_summary).")])
 def training_views(context: dg.AssetExecutionContext, config: TrainingViewsConfig, warehouse: WarehouseResource):
     from collections import Counter
 
@@ -120,8 +126,9 @@ class CheckpointFlagsConfig(dg.Config):
     now: Optional[str] = None        # ISO-8601; default: now
 
 
-@dg.asset(group_name="consent", deps=["consent_grants", "trajectories"], kinds={"duckdb"}, pool="warehouse",
-       description="Flags every registered checkpoint (`checkpoints` table) trained on data under a revoked grant.")
+@dg.asset(group_name="consent", owners=OWNERS["consent"], metadata=table_metadata("checkpoint_flags"),
+          deps=["consent_grants", "trajectories"], kinds={"duckdb"}, pool="warehouse",
+          description="Flags every registered checkpoint (`checkpoints` table) trained on data under a revoked grant.")
 def checkpoint_flags(context: dg.AssetExecutionContext, config: CheckpointFlagsConfig, warehouse: WarehouseResource) -> dg.MaterializeResult:
     from ratchet.clock import parse_now
     from ratchet.governance.checkpoints import CHECKPOINT_COUNTS_SQL, flag_checkpoints

@@ -3,6 +3,7 @@
 
 import dagster as dg
 
+from assets import OWNERS, table_metadata
 from ratchet.markdown import md_table
 from resources import MlflowTracking, WarehouseResource
 
@@ -14,19 +15,20 @@ class IngestConfig(dg.Config):
     max_record_mb: float = 32.0
 
 
-@dg.multi_asset(
-    name="ingest",
-    specs=[dg.AssetSpec("trajectories", group_name="ingest", kinds={"duckdb", "parquet"},
-                     description="Accepted trajectories (contract v1), one row per distinct content."),
-           dg.AssetSpec("quarantine", group_name="ingest", kinds={"duckdb"},
-                     description="Every record that could not be accepted, with raw payload and reason.")],
-    pool="warehouse",
-)
+@dg.multi_asset(name="ingest", pool="warehouse", specs=[
+    dg.AssetSpec(
+        "trajectories", group_name="ingest", owners=OWNERS["ingest"], metadata=table_metadata("trajectories"),
+        kinds={"duckdb", "parquet"},
+        description="Accepted trajectories (contract v1), one row per distinct content."),
+    dg.AssetSpec(
+        "quarantine", group_name="ingest", owners=OWNERS["ingest"], metadata=table_metadata("quarantine"),
+        kinds={"duckdb"},
+        description="Every record that could not be accepted, with raw payload and reason.")])
 def ingest_assets(context: dg.AssetExecutionContext, config: IngestConfig, warehouse: WarehouseResource,
                   tracking: MlflowTracking):
     from ratchet.home import get_home
     from ratchet.ingest import IngestOptions, ingest
-    from ratchet.plots import ingest_chart
+    from ratchet.plots import ingest_chart, markdown_image
 
     home = get_home(warehouse.home)
     paths = config.paths or [str(home.landing)]
@@ -52,7 +54,8 @@ def ingest_assets(context: dg.AssetExecutionContext, config: IngestConfig, wareh
     store = warehouse.store()
     total, qtotal = store.count("trajectories"), store.count("quarantine")
     common = {"batch_id": s.batch_id, "read": s.read, "duplicates": s.duplicates,
-              "mlflow_run": dg.MetadataValue.url(run.url), "chart": dg.MetadataValue.path(str(chart))}
+              "mlflow_run": dg.MetadataValue.url(run.url), "chart": dg.MetadataValue.md(markdown_image(chart, "ingest outcome")),
+              "chart_file": home.relative(chart)}
     yield dg.MaterializeResult(asset_key="trajectories", metadata={
         **common, "accepted": s.accepted, "dagster/row_count": total, "id_clashes": s.id_clashes, "rows_total": total,
         "attribution_conflicts": s.attribution_conflicts, "compacted_parts": s.compacted_parts,

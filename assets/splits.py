@@ -11,6 +11,7 @@ from typing import Optional
 
 import dagster as dg
 
+from assets import OWNERS, table_metadata
 from ratchet.markdown import md_table
 from resources import WarehouseResource
 
@@ -29,11 +30,15 @@ class DedupConfig(dg.Config):
 
 
 @dg.multi_asset(name="dedup_clusters", pool="warehouse", specs=[
-    dg.AssetSpec("dedup_clusters", group_name="governance", kinds={"duckdb"}, deps=["tasks", "trajectories"],
-              description="Near-duplicate clusters over tasks and trajectories (MinHash text, AST code, same "
-                          "repo / issue / task): one row per item with its cluster."),
-    dg.AssetSpec("dedup_edges", group_name="governance", kinds={"duckdb"}, deps=["tasks", "trajectories"],
-              description="Why each pair of items was joined (reason, score): the evidence behind dedup_clusters.")])
+    dg.AssetSpec(
+        "dedup_clusters", group_name="governance", owners=OWNERS["governance"], metadata=table_metadata("dedup_clusters"),
+        kinds={"duckdb"}, deps=["tasks", "trajectories"],
+        description="Near-duplicate clusters over tasks and trajectories (MinHash text, AST code, same "
+                    "repo / issue / task): one row per item with its cluster."),
+    dg.AssetSpec(
+        "dedup_edges", group_name="governance", owners=OWNERS["governance"], metadata=table_metadata("dedup_edges"),
+        kinds={"duckdb"}, deps=["tasks", "trajectories"],
+        description="Why each pair of items was joined (reason, score): the evidence behind dedup_clusters.")])
 def dedup_clusters(context: dg.AssetExecutionContext, config: DedupConfig, warehouse: WarehouseResource):
     import time
     from collections import Counter
@@ -48,7 +53,7 @@ def dedup_clusters(context: dg.AssetExecutionContext, config: DedupConfig, wareh
         size_histogram,
     )
     from ratchet.home import get_home
-    from ratchet.plots import cluster_chart
+    from ratchet.plots import cluster_chart, markdown_image
 
     if not 0.0 < config.threshold <= 0.98:
         raise ValueError(f"dedup threshold {config.threshold} must be in (0, 0.98]: MinHash LSH over 128 "
@@ -73,8 +78,11 @@ def dedup_clusters(context: dg.AssetExecutionContext, config: DedupConfig, wareh
         "size_histogram": dg.MetadataValue.md(md_table(["size", "clusters"], hist.items())),
         "threshold": config.threshold, "seconds": round(seconds, 2)}
     if config.chart and rows:
-        path = get_home(warehouse.home).artifacts / f"dedup-clusters-{context.run_id[:8]}.png"
-        meta["chart"] = dg.MetadataValue.path(str(cluster_chart(hist, f"{len(sizes)} clusters over {len(rows)} items", path)))
+        home = get_home(warehouse.home)
+        path = cluster_chart(hist, f"{len(sizes)} clusters over {len(rows)} items",
+                             home.artifacts / f"dedup-clusters-{context.run_id[:8]}.png")
+        meta["chart"] = dg.MetadataValue.md(markdown_image(path, "cluster sizes"))
+        meta["chart_file"] = home.relative(path)
     context.log.info(f"dedup: {len(rows)} items -> {len(sizes)} clusters in {seconds:.1f} s")
     yield dg.MaterializeResult(asset_key="dedup_clusters", metadata=meta)
     yield dg.MaterializeResult(asset_key="dedup_edges", metadata={
@@ -90,9 +98,10 @@ class SplitConfig(dg.Config):
     manifest_path: Optional[str] = None   # default RATCHET_HOME/holdout_manifest.json
 
 
-@dg.asset(group_name="governance", deps=["dedup_clusters"], kinds={"duckdb"}, pool="warehouse",
-       description="train / val / holdout per task (whole clusters, stratified by slice) and per trajectory "
-                   "(its cluster's split). A locked holdout never moves; a tampered manifest fails the run.")
+@dg.asset(group_name="governance", owners=OWNERS["governance"], metadata=table_metadata("split_assignments"),
+          deps=["dedup_clusters"], kinds={"duckdb"}, pool="warehouse",
+          description="train / val / holdout per task (whole clusters, stratified by slice) and per trajectory "
+                      "(its cluster's split). A locked holdout never moves; a tampered manifest fails the run.")
 def split_assignments(context: dg.AssetExecutionContext, config: SplitConfig, warehouse: WarehouseResource) -> dg.MaterializeResult:
     from collections import Counter
 
@@ -166,15 +175,13 @@ class HoldoutConfig(dg.Config):
     manifest_path: Optional[str] = None   # default RATCHET_HOME/holdout_manifest.json
 
 
-@dg.asset(group_name="governance", deps=["split_assignments"], kinds={"duckdb", "json"}, pool="warehouse",
-       description="The locked holdout: manifest JSON (sorted task ids + sha256) at RATCHET_HOME, the "
-                   "`holdout_manifest` table and an audit log. Locked on the first clean run, verified after.")
+@dg.asset(group_name="governance", owners=OWNERS["governance"], metadata=table_metadata("holdout_manifest"),
+          deps=["split_assignments"], kinds={"duckdb", "json"}, pool="warehouse",
+          description="The locked holdout: manifest JSON (sorted task ids + sha256) at RATCHET_HOME, the "
+                      "`holdout_manifest` table and an audit log. Locked on the first clean run, verified after.")
 def holdout_manifest(context: dg.AssetExecutionContext, config: HoldoutConfig, warehouse: WarehouseResource) -> dg.MaterializeResult:
-    from ratchet.governance.holdout import (
-        HOLDOUT_TASKS_SQL,
-        TASK_IDS_SQL,
-        lock_or_verify,
-    )
+    from ratchet.governance.holdout import HOLDOUT_TASKS_SQL, TASK_IDS_SQL, lock_or_verify
+    from ratchet.home import get_home
 
     path = _manifest_path(warehouse, config.manifest_path)
     store = warehouse.store()
@@ -189,7 +196,7 @@ def holdout_manifest(context: dg.AssetExecutionContext, config: HoldoutConfig, w
     return dg.MaterializeResult(metadata={
         "event": event, "manifest_sha256": m.sha256, "version": m.version, "tasks": len(m.task_ids),
         "dagster/row_count": len(m.task_ids), "locked_by": m.locked_by, "created_at": m.created_at,
-        "path": dg.MetadataValue.path(str(path)), "tasks_not_in_table": len(set(m.task_ids) - present)})
+        "path": get_home(warehouse.home).relative(path), "tasks_not_in_table": len(set(m.task_ids) - present)})
 
 
 defs = dg.Definitions(assets=[dedup_clusters, split_assignments, holdout_manifest], asset_checks=[contamination])

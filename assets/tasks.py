@@ -4,6 +4,7 @@ from typing import Optional
 
 import dagster as dg
 
+from assets import OWNERS, table_metadata
 from ratchet.markdown import md_table
 from resources import WarehouseResource
 
@@ -15,9 +16,10 @@ class TaskSuiteConfig(dg.Config):
     cache_dir: Optional[str] = None  # default $RATCHET_SUITE_CACHE or RATCHET_HOME/cache/humaneval-suite
 
 
-@dg.multi_asset(name="task_suite", pool="warehouse", specs=[dg.AssetSpec(
-    "tasks", group_name="tasks", kinds={"duckdb"},
-    description="Verified HumanEval repair tasks (seeded AST mutants), replaced whole by each run.")])
+@dg.multi_asset(name="task_suite", pool="warehouse", specs=[
+    dg.AssetSpec(
+        "tasks", group_name="tasks", owners=OWNERS["tasks"], metadata=table_metadata("tasks"), kinds={"duckdb"},
+        description="Verified HumanEval repair tasks (seeded AST mutants), replaced whole by each run.")])
 def task_suite(context: dg.AssetExecutionContext, config: TaskSuiteConfig, warehouse: WarehouseResource) -> dg.MaterializeResult:
     from collections import Counter
 

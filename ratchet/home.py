@@ -46,6 +46,15 @@ class Home:
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
+    def relative(self, path: str | os.PathLike) -> str:
+        """A path under the home as text relative to it (what metadata records, so the home can
+        move); a path elsewhere stays absolute."""
+        p = Path(path)
+        try:
+            return str(p.resolve().relative_to(self.root))
+        except ValueError:
+            return str(p)
+
     def ensure(self) -> "Home":
         for d in (self.root, self.artifacts, self.dagster, self.landing, self.checkpoints):
             d.mkdir(parents=True, exist_ok=True)

@@ -41,3 +41,11 @@ def cluster_chart(hist: Mapping[str, int], title: str, path: Path) -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def markdown_image(path: Path, alt: str = "chart") -> str:
+    """A PNG as Markdown with the image inline (a data URI): asset metadata then shows the chart
+    itself in the Dagster UI, not a path, and it survives RATCHET_HOME moving."""
+    import base64
+
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(Path(path).read_bytes()).decode()})"

@@ -215,7 +215,10 @@ def test_graph_materialises_and_every_check_passes(base):
     assert meta["event"].value == "locked" and meta["manifest_sha256"].value == m["sha256"]
     split_meta = res.asset_materializations_for_node("split_assignments")[0].metadata
     assert "| **all tasks** |" in split_meta["by_slice"].value
-    assert Path(res.asset_materializations_for_node("dedup_clusters")[0].metadata["chart"].value).exists()
+    dmeta = res.asset_materializations_for_node("dedup_clusters")[0].metadata
+    assert dmeta["chart"].value.startswith("![cluster sizes](data:image/png;base64,iVBOR")   # the PNG itself, inline
+    assert (root / dmeta["chart_file"].value).exists() and not Path(dmeta["chart_file"].value).is_absolute()
+    assert meta["path"].value == "holdout_manifest.json"                                      # relative: the home can move
     rep = _q(root, "SELECT * FROM contamination_report")
     assert len(rep) == 1 and rep[0]["passed"] and rep[0]["overlap_fraction"] == 0.0
     # training rows: train split only, the owner's or an explicitly shared grant

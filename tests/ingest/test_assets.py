@@ -27,7 +27,9 @@ def test_materialize_ingest_with_checks(home):
     assert mats["trajectories"]["accepted"].value == 106
     assert mats["quarantine"]["quarantined"].value == len(samples.bad_lines())
     assert mats["trajectories"]["mlflow_run"].value.startswith("http")
-    assert Path(mats["trajectories"]["chart"].value).exists()
+    assert mats["trajectories"]["chart"].value.startswith("![ingest outcome](data:image/png;base64,iVBOR")
+    assert (home.root / mats["trajectories"]["chart_file"].value).exists()
+    assert mats["trajectories"]["chart_file"].value.startswith("artifacts/")
     checks = {c.check_name: c for c in res.get_asset_check_evaluations()}
     assert checks["trajectories_contract"].passed and checks["quarantine_rate"].passed
     assert checks["trajectories_contract"].metadata["failed"].value == 0
