@@ -175,7 +175,7 @@ def register_engine(prefix: str, factory: Callable) -> None:
     _ENGINES[prefix] = factory
 
 
-def engines() -> tuple[str, ...]:
+def engine_names() -> tuple[str, ...]:
     _builtin()
     return tuple(_ENGINES)
 
@@ -183,14 +183,21 @@ def engines() -> tuple[str, ...]:
 def make_policy(policy_id: str, **config) -> Policy:
     """A policy from its id: "harness:random|sbfl|prior", "scripted:expert|noisy", "hf:<local
     path>", "embedded:<name>" (path=... to the checkpoint; grammar-constrained), "openai:<model>"
-    (base_url=..., see engines.openai_http)."""
+    (base_url=..., see engines.openai_http). `sampling={"temperature": ..., "max_tokens": ...}`
+    sets the policy's default sampling for the runner (logged in `policy.spec`)."""
     _builtin()
     prefix, sep, name = policy_id.partition(":")
     if not sep or not name:
-        raise ValueError(f"policy id {policy_id!r} is not '<engine>:<name>'; engines: {engines()}")
-    if prefix not in engines():
-        raise ValueError(f"unknown engine {prefix!r} in {policy_id!r}; one of {engines()}")
-    return _ENGINES[prefix](name, policy_id=policy_id, **config)
+        raise ValueError(f"policy id {policy_id!r} is not '<engine>:<name>'; engines: {engine_names()}")
+    if prefix not in engine_names():
+        raise ValueError(f"unknown engine {prefix!r} in {policy_id!r}; one of {engine_names()}")
+    sampling = config.pop("sampling", None)
+    policy = _ENGINES[prefix](name, policy_id=policy_id, **config)
+    if sampling is not None:
+        from ratchet.policy.runner import Sampling
+        policy.sampling = sampling if isinstance(sampling, Sampling) else Sampling(**sampling)
+        policy.spec = {**policy.spec, "sampling": dict(vars(policy.sampling))}
+    return policy
 
 
 def _builtin() -> None:

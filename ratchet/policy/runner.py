@@ -92,6 +92,11 @@ class EpisodeRecord:
         return asdict(self)
 
 
+def _policy_sampling(policy) -> Sampling:
+    s = getattr(policy, "sampling", None)
+    return s if isinstance(s, Sampling) else Sampling(**(s or {}))
+
+
 def turn_seed(seed: int, turn: int) -> int:
     """Each turn samples from its own stream, derived from the episode seed only."""
     return (int(seed) * 1_000_003 + turn * 7919) % (2**31 - 1)
@@ -126,11 +131,12 @@ class _Episode:
     """One episode's turn loop, advanced by the runner (so one or many run the same code)."""
 
     def __init__(self, policy, bundle, seed: int, sampling: Sampling, *, runtime=None, judge=None,
-                 weights=None, max_turns: int | None = None):
+                 weights=None, max_turns: int | None = None, env=None):
         from sandboxes.env import RepairEnv
 
         self.policy, self.bundle, self.seed, self.sampling = policy, bundle, int(seed), sampling
-        self.env = RepairEnv(bundle, runtime=runtime, judge=judge, weights=weights, max_turns=max_turns)
+        self.env = env if env is not None else RepairEnv(bundle, runtime=runtime, judge=judge, weights=weights,
+                                                         max_turns=max_turns)
         self.messages: list[dict] = []
         self.tools: list[dict] = []
         self.turns: list[Turn] = []
@@ -271,7 +277,7 @@ def run_episodes(policy, jobs, *, concurrency: int = 8, sandbox_workers: int | N
     come back in job order. `min_batch`: when fewer episodes than this wait for the policy and
     sandbox steps are in flight, wait for one of those first (bigger batches); default half the
     open episodes. `progress(done, total)` is called after each finished episode."""
-    sampling = sampling or Sampling()
+    sampling = sampling or _policy_sampling(policy)
     jobs = list(jobs)
     queue = deque(enumerate(jobs))
     results: dict[int, EpisodeRecord] = {}
@@ -316,7 +322,20 @@ def _close(i, open_, results, progress, total) -> None:
 def run_policy_episode(policy, bundle, seed: int = 0, *, runtime=None, judge=None, weights=None,
                        max_turns: int | None = None, sampling: Sampling | None = None, **sampling_kw) -> EpisodeRecord:
     """One episode of `bundle` with `policy` (the seam ratchet.evaluation calls). Sampling
-    settings come as `sampling=Sampling(...)` or keywords (temperature=, max_tokens=, ...)."""
-    sampling = sampling or Sampling(**sampling_kw)
+    settings: `sampling=Sampling(...)`, keywords (temperature=, max_tokens=, ...), else the
+    policy's own (`make_policy(..., sampling={...})`), else greedy with 256 new tokens a turn."""
+    sampling = sampling or (Sampling(**sampling_kw) if sampling_kw else _policy_sampling(policy))
     return run_episodes(policy, [(bundle, seed)], concurrency=1, sandbox_workers=1, sampling=sampling,
                         runtime=runtime, judge=judge, weights=weights, max_turns=max_turns)[0]
+
+
+def drive(policy, env, seed: int = 0, sampling: Sampling | None = None) -> EpisodeRecord:
+    """The turn loop on an env someone else built (not yet reset); the env stays the caller's
+    to read (reward, steps) after this returns."""
+    ep = _Episode(policy, env.bundle, seed, sampling or _policy_sampling(policy), env=env)
+    ep.start()
+    while not ep.done:
+        for e in _generate(policy, [ep]):
+            e.act()
+    return ep.record()
+

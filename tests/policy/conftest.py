@@ -11,7 +11,21 @@ HERMES = (
     "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}")
 
 
-def tiny_model(vocab: int = 600, layers: int = 2, hidden: int = 64, seed: int = 0):
+def _corpus() -> list[str]:
+    """Text like what the policy reads (prompts, tool output) so prompts are tens of tokens
+    per line, not one per byte."""
+    import json
+
+    from sandboxes.env import SYSTEM_PROMPT
+    from sandboxes.tools import TOOL_SCHEMAS
+
+    return [SYSTEM_PROMPT, json.dumps(TOOL_SCHEMAS), "error: your reply contained no tool call. Reply with",
+            "Repository: humaneval/HumanEval/0\nIssue HE-0: `has_close_elements` returns the wrong result",
+            "1 failed, 3 passed\nFAILED test_solution.py::test_check_00", "def add(a, b):\n    return a + b\n",
+            '<tool_call>{"name": "run_tests", "arguments": {}}</tool_call>']
+
+
+def tiny_model(vocab: int = 1000, layers: int = 2, hidden: int = 64, seed: int = 0):
     """A randomly initialised Qwen2 model and a byte-level BPE tokenizer trained here on a few
     strings (offline), with a Hermes-style chat template."""
     import torch
@@ -23,9 +37,7 @@ def tiny_model(vocab: int = 600, layers: int = 2, hidden: int = 64, seed: int = 
     tok.decoder = decoders.ByteLevel()
     tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                              show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(['<tool_call>{"name": "run_tests", "arguments": {}}</tool_call>',
-                             "def add(a, b): return a + b", "Repository: humaneval issue",
-                             "error: unknown tool"] * 20, tr)
+    tok.train_from_iterator(_corpus() * 5, tr)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    additional_special_tokens=["<|im_start|>"])
     fast.chat_template = HERMES

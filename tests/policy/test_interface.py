@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ratchet.policy import (Completion, GenerationRequest, Policy, ToolCall, engines, format_tool_call,
+from ratchet.policy import (Completion, GenerationRequest, Policy, ToolCall, engine_names, format_tool_call,
                             make_policy, parse_tool_calls, register_engine)
 
 pytestmark = pytest.mark.training
@@ -62,7 +62,7 @@ def test_registry_makes_contract_ids_and_rejects_unknown():
         make_policy("harness:telepathy")
     with pytest.raises(FileNotFoundError, match="never the hub"):
         make_policy("hf:Qwen/Qwen2.5-0.5B-Instruct")          # a hub id is not a local folder
-    assert {"harness", "scripted", "hf", "embedded", "openai"} <= set(engines())
+    assert {"harness", "scripted", "hf", "embedded", "openai"} <= set(engine_names())
 
 
 def test_register_engine_adds_a_prefix_once():
@@ -75,7 +75,7 @@ def test_register_engine_adds_a_prefix_once():
         def generate(self, requests):
             return [[Completion(self.name)] * r.n for r in requests]
 
-    if "echo-test" not in engines():
+    if "echo-test" not in engine_names():
         register_engine("echo-test", Echo)
     with pytest.raises(ValueError, match="already registered"):
         register_engine("echo-test", Echo)

@@ -30,12 +30,12 @@ from ratchet.policy.base import Completion, GenerationRequest, ToolCall, parse_t
 
 def load_local(path: str | Path, *, dtype: str = "float32", device: str = "cpu", chat: str = "template"):
     """(model, tokenizer) from a local folder only (local_files_only: no hub access)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
-
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"no checkpoint folder at {p} (engines load local paths only, never the hub)")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
     model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=getattr(torch, dtype))
     if chat == "embedded":
         from ratchet.policy.embedded.tokenizer import load_tokenizer
