@@ -89,13 +89,50 @@ def cmd_demo(args) -> int:
     return run_demo(_home(args), quick=args.quick, tasks=args.tasks)
 
 
+def serve(cmd: list[str], env: dict, cwd: Path) -> int:
+    """Run a server in its own process group and stop the whole group when we are stopped:
+    SIGTERM / SIGINT / SIGHUP to `ratchet ui` used to leave the webserver and the code-server
+    children running."""
+    import signal
+
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True)
+
+    def stop(signum, _frame):
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
+    return proc.wait()
+
+
 def cmd_ui(args) -> int:
     home = _home(args)
     env = {**os.environ, "DAGSTER_HOME": str(home.dagster)}
     cmd = [str(Path(sys.executable).parent / "dagster"), "dev", "-w", str(REPO / "workspace.yaml"),
            "-p", str(args.port), "-h", args.host]
     print(f"Dagster UI on http://{args.host}:{args.port} (DAGSTER_HOME={home.dagster})", file=sys.stderr)
-    return subprocess.call(cmd, env=env, cwd=REPO)
+    return serve(cmd, env, REPO)
+
+
+def cmd_mlflow(args) -> int:
+    from ratchet.mlflow_store import tracking_uri
+
+    home = _home(args)
+    url = f"http://{args.host}:{args.port}"
+    cmd = [str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", tracking_uri(home),
+           "--host", args.host, "--port", str(args.port)]
+    print(f"MLflow UI on {url} (store {home.mlflow_db}); asset metadata links to $RATCHET_MLFLOW_UI_URL "
+          f"(default http://127.0.0.1:5000): export RATCHET_MLFLOW_UI_URL={url} if you serve elsewhere",
+          file=sys.stderr)
+    return serve(cmd, {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}, home.root)
 
 
 def cmd_bench(args) -> int:
@@ -197,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=3000)
     s.add_argument("--host", default="127.0.0.1")
     s.set_defaults(fn=cmd_ui)
+
+    s = sub.add_parser("mlflow", help="start the MLflow UI over RATCHET_HOME's tracking store")
+    s.add_argument("--port", type=int, default=5000)
+    s.add_argument("--host", default="127.0.0.1")
+    s.set_defaults(fn=cmd_mlflow)
 
     s = sub.add_parser("bench", help="run bench/NAME.py")
     s.add_argument("name")

@@ -14,11 +14,17 @@ from ratchet.home import get_home
 
 class MlflowTracking(ConfigurableResource):
     home: str | None = None                 # default: RATCHET_HOME
-    tracking_uri: str | None = None         # default: sqlite:///$RATCHET_HOME/mlflow.db
-    ui_url: str = "http://127.0.0.1:5000"   # where `mlflow ui --backend-store-uri ...` serves
+    tracking_uri: str | None = None         # default: sqlite:///$RATCHET_HOME/mlflow.db (created movable)
+    ui_url: str | None = None               # where the MLflow UI serves; default $RATCHET_MLFLOW_UI_URL,
+                                            # else http://127.0.0.1:5000 (`ratchet mlflow` serves there)
 
     def _uri(self) -> str:
-        return self.tracking_uri or f"sqlite:///{get_home(self.home).mlflow_db}"
+        from ratchet.mlflow_store import tracking_uri
+
+        return self.tracking_uri or tracking_uri(get_home(self.home))
+
+    def ui(self) -> str:
+        return (self.ui_url or os.environ.get("RATCHET_MLFLOW_UI_URL") or "http://127.0.0.1:5000").rstrip("/")
 
     def client(self):
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -42,7 +48,7 @@ class MlflowTracking(ConfigurableResource):
         t = {"ratchet.dagster_run_id": dagster_run_id or "", "ratchet.partition": partition or ""}
         t.update({k: str(v) for k, v in (tags or {}).items()})
         r = c.create_run(self.experiment_id(experiment), run_name=run_name, tags=t)
-        tracked = TrackedRun(c, r.info.run_id, r.info.experiment_id, self.ui_url)
+        tracked = TrackedRun(c, r.info.run_id, r.info.experiment_id, self.ui())
         try:
             yield tracked
         except BaseException:

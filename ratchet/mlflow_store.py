@@ -1,0 +1,62 @@
+"""The local MLflow store under RATCHET_HOME (sqlite + artifacts/), kept movable.
+
+MLflow records absolute artifact locations: an experiment's `artifact_location` and each run's
+`artifact_uri`. Two consequences fixed here: (1) a store created by a bare client puts the
+Default experiment's artifacts in `./mlruns` of whatever folder the process ran in (a `mlruns/`
+appeared in the project folder); it is created here with its default artifact root under the
+home. (2) After the home folder moves, every recorded location points at the old place; the
+home's last location is kept in `.location` and, on the next use, recorded locations under the
+old root are rewritten to the new one (one SQL UPDATE per table, in the sqlite file itself:
+MLflow has no API to change an experiment's artifact location)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ratchet.home import Home
+
+_TABLES = (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("model_versions", "storage_location"),
+           ("model_versions", "source"))
+
+
+def tracking_uri(home: Home) -> str:
+    """sqlite URI of the home's store, created and relocated as needed."""
+    uri = f"sqlite:///{home.mlflow_db}"
+    if not home.mlflow_db.exists():
+        home.root.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        SqlAlchemyStore(uri, default_artifact_root=home.artifacts.as_uri())  # creates tables + Default experiment
+    relocate(home)
+    return uri
+
+
+def relocate(home: Home) -> int:
+    """Rewrite recorded artifact locations if the home moved since it was last used. Returns the
+    number of rows changed."""
+    marker = home.root / ".location"
+    now = str(home.root)
+    old = marker.read_text().strip() if marker.exists() else now
+    changed = 0
+    if old != now and home.mlflow_db.exists():
+        import sqlite3
+
+        con = sqlite3.connect(home.mlflow_db)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            for table, col in _TABLES:
+                if table not in tables:
+                    continue
+                for prefix_old, prefix_new in ((Path(old).as_uri(), Path(now).as_uri()), (old, now)):
+                    cur = con.execute(
+                        f"UPDATE {table} SET {col} = ? || substr({col}, ?) WHERE substr({col}, 1, ?) = ?",
+                        [prefix_new, len(prefix_old) + 1, len(prefix_old) + 1, prefix_old + "/"])
+                    changed += cur.rowcount
+            con.commit()
+        finally:
+            con.close()
+    if old != now or not marker.exists():
+        home.root.mkdir(parents=True, exist_ok=True)
+        marker.write_text(now + "\n")
+    return changed
