@@ -1,0 +1,136 @@
+"""SFT warm start with TRL's SFTTrainer on one tenant's governed training rows, loss on the
+policy's own tokens only.
+
+    rows = tenant_training_rows(con, "acme")          # ratchet.training.data
+    res = train_sft(base_path, rows, out_dir, SFTSettings(epochs=3))
+    res.checkpoint, res.losses, res.cpu_s, res.manifest
+
+Examples come from the seam (`ratchet.training.examples.to_training_example`): input_ids plus
+`assistant_masks`, which TRL folds into labels = -100 (tool outputs, prompts and masked invalid
+calls carry no loss). The dataset is pre-tokenised, so TRL's own `assistant_only_loss` switch
+(which re-renders messages through a chat template) stays off; the mask is the same one, built
+once (tests/training/test_examples.py checks it against `apply_chat_template`).
+
+CPU settings follow PITFALLS: bf16 and gradient checkpointing off (~10x slower on CPU otherwise),
+`use_cpu`, and an explicit torch thread count.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+CHECKPOINT_META = "ratchet_checkpoint.json"
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    epochs: float = 3.0
+    max_steps: int = -1                 # > 0 overrides epochs
+    learning_rate: float = 2e-3         # a ~1M-parameter model from scratch takes a large step size
+    batch_size: int = 4
+    grad_accum: int = 1
+    max_length: int = 4096
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    seed: int = 0
+    threads: int = 2
+    logging_steps: int = 1
+    save_steps: int = 0                 # 0 = only the final save
+    overrides: dict = field(default_factory=dict)   # passed to trl.SFTConfig as is
+
+    def __post_init__(self):
+        if self.learning_rate <= 0 or self.batch_size < 1 or self.grad_accum < 1:
+            raise ValueError("learning_rate must be > 0, batch_size and grad_accum >= 1")
+        if self.max_steps <= 0 and self.epochs <= 0:
+            raise ValueError("set epochs > 0 or max_steps > 0")
+        if self.threads < 1:
+            raise ValueError("threads must be >= 1 (torch.set_num_threads)")
+        clash = {"output_dir", "assistant_only_loss", "bf16"} & set(self.overrides)
+        if clash:
+            raise ValueError(f"overrides may not set {sorted(clash)}: SFTSettings owns them")
+
+
+@dataclass
+class SFTResult:
+    checkpoint: Path
+    losses: list[float]                 # training loss per logging step
+    steps: int
+    cpu_s: float                        # process CPU seconds of the training loop (what economics prices)
+    wall_s: float
+    n_examples: int
+    n_tokens: int
+    n_loss_tokens: int
+    manifest: dict                      # ratchet.training.data.data_manifest of the rows used
+    parent: str
+
+
+def build_dataset(rows: Sequence[Mapping], tokenizer, *, max_length: int | None = None):
+    """(datasets.Dataset of input_ids + assistant_masks, record ids in the same order)."""
+    from datasets import Dataset
+
+    from ratchet.training.examples import to_training_example
+
+    examples, ids = [], []
+    for r in rows:
+        ex = to_training_example(r["messages"], r.get("tools"), tokenizer, max_length=max_length)
+        if any(ex["assistant_masks"]):        # a trajectory with no trainable turn teaches nothing
+            examples.append(ex)
+            ids.append(r["record_id"])
+    if not examples:
+        raise ValueError("no training example has a trainable assistant turn")
+    return Dataset.from_list(examples), ids
+
+
+def make_trainer(model, tokenizer, dataset, out_dir: str | Path, settings: SFTSettings = SFTSettings()):
+    """A TRL SFTTrainer on a pre-tokenised dataset with CPU-sane settings (see module doc)."""
+    import torch
+    from trl import SFTConfig, SFTTrainer
+
+    torch.set_num_threads(settings.threads)
+    cfg = SFTConfig(
+        output_dir=str(out_dir), num_train_epochs=settings.epochs, max_steps=settings.max_steps,
+        per_device_train_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum,
+        learning_rate=settings.learning_rate, warmup_ratio=settings.warmup_ratio,
+        weight_decay=settings.weight_decay, lr_scheduler_type="cosine", logging_steps=settings.logging_steps,
+        save_strategy="steps" if settings.save_steps else "no", save_steps=settings.save_steps or 500,
+        seed=settings.seed, data_seed=settings.seed, max_length=settings.max_length,
+        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, report_to=[],
+        disable_tqdm=True, dataloader_num_workers=0, assistant_only_loss=False, packing=False,
+        **settings.overrides)
+    return SFTTrainer(model=model, args=cfg, train_dataset=dataset, processing_class=tokenizer)
+
+
+def train_sft(base: str | Path, rows: Sequence[Mapping], out_dir: str | Path,
+              settings: SFTSettings = SFTSettings(), *, tokenizer=None, model=None) -> SFTResult:
+    """Fine-tune the checkpoint at `base` on `rows` (one tenant's `tenant_training_rows`) and save
+    the result to `out_dir` with `ratchet_checkpoint.json` (parent, data manifest, settings,
+    losses, CPU seconds). `model`/`tokenizer` skip loading `base` (tests pass in-memory ones)."""
+    from ratchet.policy.embedded.model import load_policy
+    from ratchet.training.data import data_manifest
+
+    if model is None or tokenizer is None:
+        model, tokenizer = load_policy(base)
+    dataset, used = build_dataset(rows, tokenizer, max_length=settings.max_length)
+    by_id = {r["record_id"]: r for r in rows}
+    manifest = data_manifest([by_id[i] for i in used])
+    out = Path(out_dir)
+    trainer = make_trainer(model, tokenizer, dataset, out / "trainer", settings)
+    c0, t0 = time.process_time(), time.monotonic()
+    trainer.train()
+    cpu_s, wall_s = time.process_time() - c0, time.monotonic() - t0
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    trainer.save_model(str(out))
+    tokenizer.save_pretrained(str(out))
+    n_tokens = sum(len(x) for x in dataset["input_ids"])
+    n_loss = sum(sum(m) for m in dataset["assistant_masks"])
+    res = SFTResult(checkpoint=out, losses=losses, steps=trainer.state.global_step, cpu_s=round(cpu_s, 3),
+                    wall_s=round(wall_s, 3), n_examples=len(used), n_tokens=n_tokens, n_loss_tokens=n_loss,
+                    manifest=manifest, parent=str(base))
+    (out / CHECKPOINT_META).write_text(json.dumps({
+        "stage": "sft", "parent": str(base), "settings": asdict(settings), "losses": losses,
+        "steps": res.steps, "cpu_s": res.cpu_s, "wall_s": res.wall_s, "n_examples": res.n_examples,
+        "n_tokens": n_tokens, "n_loss_tokens": n_loss, **manifest}, indent=1))
+    return res

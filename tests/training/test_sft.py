@@ -1,0 +1,92 @@
+"""SFT with TRL: loss falls, weights change, and only the tenant's consented training_set rows
+ever reach a batch."""
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from ratchet.training.sft import SFTSettings, build_dataset, make_trainer, train_sft
+
+pytestmark = pytest.mark.training
+
+NOW = datetime(2026, 11, 28, tzinfo=timezone.utc)
+
+
+def _rows(trajectories, tools, n):
+    return [{**t, "record_id": f"rec-{i:02d}", "consent_id": "C-1", "task_id": t["task_id"], "tools": tools}
+            for i, t in enumerate(trajectories[:n])]
+
+
+def test_sft_loss_falls_and_weights_change(tmp_path, tiny_model, tokenizer, trajectories, tools):
+    import torch
+
+    before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
+    res = train_sft("in-memory", _rows(trajectories, tools, 4), tmp_path / "sft",
+                    SFTSettings(max_steps=8, batch_size=2, learning_rate=1e-2, threads=1, max_length=640),
+                    model=tiny_model, tokenizer=tokenizer)
+    assert res.steps == 8 and len(res.losses) == 8
+    assert sum(res.losses[-2:]) / 2 < sum(res.losses[:2]) / 2 - 0.3, res.losses
+    changed = [n for n, p in tiny_model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert len(changed) == len(before)
+    meta = json.loads((tmp_path / "sft" / "ratchet_checkpoint.json").read_text())
+    assert meta["record_ids"] == ["rec-00", "rec-01", "rec-02", "rec-03"] and meta["consent_ids"] == ["C-1"]
+    assert meta["losses"] == res.losses and res.cpu_s > 0 and 0 < res.n_loss_tokens < res.n_tokens
+    assert (tmp_path / "sft" / "model.safetensors").exists()
+
+
+# --------------------------------------------------------------------------------------- consent
+def _native(t, i, tenant, consent, tools, ended):
+    return {"schema_version": "ratchet.trajectory/v1", "trajectory_id": f"{tenant}-{i:02d}", "tenant_id": tenant,
+            "consent_id": consent, "task_id": t["task_id"], "repo": "humaneval", "agent_id": t["agent_id"],
+            "started_at": (ended - timedelta(minutes=1)).isoformat(), "ended_at": ended.isoformat(),
+            "messages": t["messages"], "tools": tools,
+            "outcome": {"tests_passed": True, "accepted": True, "human_edited": False}}
+
+
+def test_a_revoked_or_other_tenants_trajectory_never_reaches_a_batch(wh, tmp_path, tokenizer, tiny_model,
+                                                                      trajectories, tools):
+    from ratchet import store, tables
+    from ratchet.governance.consent import grants_from_rows
+    from ratchet.governance.training_views import training_rows
+    from ratchet.ingest import IngestOptions, ingest
+    from ratchet.training.data import tenant_training_rows
+
+    ended = NOW - timedelta(days=3)
+    plan = [("acme", "C-ACME"), ("acme", "C-ACME"), ("acme", "C-ACME"), ("acme", "C-ACME-OLD"),
+            ("globex", "C-GLOBEX"), ("globex", "C-GLOBEX"), ("acme", None)]
+    path = tmp_path / "logs.jsonl"
+    path.write_text("".join(json.dumps(_native(trajectories[i], i, ten, c, tools, ended)) + "\n"
+                            for i, (ten, c) in enumerate(plan)))
+    ingest([path], wh, IngestOptions(workers=1))
+    grants = grants_from_rows([
+        {"consent_id": "C-ACME", "tenant_id": "acme", "scopes": "train;eval", "retention_days": 90,
+         "granted_at": "2026-09-01T00:00:00Z"},
+        {"consent_id": "C-ACME-OLD", "tenant_id": "acme", "scopes": "train", "retention_days": 90,
+         "granted_at": "2026-08-01T00:00:00Z", "revoked_at": (NOW - timedelta(days=1)).isoformat()},
+        {"consent_id": "C-GLOBEX", "tenant_id": "globex", "scopes": "train", "retention_days": 90,
+         "granted_at": "2026-09-01T00:00:00Z"}])
+    with wh.connect() as con:
+        tables.ensure_all(con)
+        trajs = store.fetch(con, "SELECT record_id, trajectory_id, tenant_id, consent_id, task_id, started_at, "
+                                 "ended_at, accepted, tests_passed FROM trajectories")
+        by_tid = {t["trajectory_id"]: t["record_id"] for t in trajs}
+        # acme-02 is a validation-split trajectory: the split gate keeps it out too.
+        split_of = {t["record_id"]: {"split": "validation" if t["trajectory_id"] == "acme-02" else "train",
+                                     "cluster_id": t["task_id"]} for t in trajs}
+        train, audit = training_rows(trajs, grants, split_of, NOW)
+        store.insert(con, "training_set", train)
+        rows = tenant_training_rows(con, "acme")
+    allowed = {by_tid["acme-00"], by_tid["acme-01"]}
+    excluded = {by_tid[k] for k in ("acme-02", "acme-03", "globex-04", "globex-05", "acme-06")}
+    assert {r["record_id"] for r in rows} == allowed
+    assert {a["reason"] for a in audit if a["target_tenant"] == "acme"} >= {"revoked", "cross_tenant",
+                                                                             "missing_consent", "not_train_split"}
+    # Build the batches the trainer would see and map each back to its trajectory.
+    dataset, ids = build_dataset(rows, tokenizer)
+    seq_of = {tuple(x): rid for x, rid in zip(dataset["input_ids"], ids)}
+    trainer = make_trainer(tiny_model, tokenizer, dataset, tmp_path / "t", SFTSettings(batch_size=1, threads=1))
+    seen = set()
+    for batch in trainer.get_train_dataloader():
+        for row, att in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist()):
+            seen.add(seq_of[tuple(t for t, a in zip(row, att) if a)])
+    assert seen == allowed and not seen & excluded
