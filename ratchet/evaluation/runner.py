@@ -104,13 +104,13 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
     have a row (skipped); `sink(rows)` stores rows in batches as they finish. A judge whose id is
     the policy's is refused before anything runs."""
     from ratchet.evaluation.episodes import check_judge, eval_id
-    from ratchet.policy.base import engines
+    from ratchet.policy.base import engine_names
     from sandboxes.verifiers.judge import make_judge
 
     if judge:
         check_judge(make_judge(judge), policy_id)                 # before anything runs
-    if policy_id.partition(":")[0] not in engines():
-        raise ValueError(f"unknown engine in policy id {policy_id!r}; engines: {engines()}")
+    if policy_id.partition(":")[0] not in engine_names():
+        raise ValueError(f"unknown engine in policy id {policy_id!r}; engines: {engine_names()}")
     run_id = eval_run_id or uuid.uuid4().hex
     jobs, ids = [], []
     for b in plan.bundles:

@@ -124,9 +124,9 @@ class _Unreachable:
 
 
 def test_infra_failure_is_recorded_never_scored(holdout):
-    from ratchet.policy.base import engines, register_engine
+    from ratchet.policy.base import engine_names, register_engine
 
-    if "test-down" not in engines():
+    if "test-down" not in engine_names():
         register_engine("test-down", _Unreachable)
     _, _, tasks = holdout
     row = run_policy_episode("test-down:v1", "7", tasks[0], 0)
