@@ -8,7 +8,8 @@ duplicates` for every ingest, and re-ingesting a file adds nothing: ids are cont
 A batch is atomic: its parts and quarantine rows are staged under `.staging-<batch>` and made
 visible together with its `ingest_batches` row in one transaction (`Warehouse.commit_batch`); an
 aborted or killed batch leaves nothing visible, and the next ingest removes its debris. Folder
-entries that are not regular files are skipped with a reason (`ingest_files.status = 'skipped'`).
+entries that are not regular files are skipped with a reason (`ingest_files.status = 'skipped'`);
+SWE-bench reports read as side inputs of predictions are recorded with status `side_input`.
 """
 from __future__ import annotations
 
@@ -208,11 +209,14 @@ def _ingest(files, skipped, paths, warehouse: Warehouse, opts: IngestOptions, pr
     try:
         reports, report_files = _collect_reports(files)
         files = [(f, r) for f, r in files if f not in report_files]
+        file_rows: list[tuple] = []
+        for f in sorted(report_files):  # read as side inputs of predictions: recorded, so no one re-reads them
+            st = check_regular(f)
+            file_rows.append((str(f), st.st_size, st.st_mtime_ns, _file_sha(f), "side_input", None, None, None, None))
         writer = BatchWriter(warehouse, summary, now, staging)
         max_bytes = int(opts.max_record_mb * 2**20)
         total = sum(_size(f) for f, _ in files)
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="ingest", disable=progress is not True)
-        file_rows: list[tuple] = []
         per_file: dict[str, Counter] = {}
         for f, root in files:
             writer.per_file = per_file.setdefault(str(f), Counter())

@@ -86,6 +86,37 @@ def test_landing_sensor_requests_each_file_once(home, monkeypatch):
         req3 = landing_sensor(ctx3)
         assert req3.run_config["ops"]["ingest"]["config"]["paths"] == [str(home.landing / "b.jsonl")]
         assert req3.run_key != req.run_key
+        assert str(home.landing) not in ctx3.cursor          # compact: relative paths of pending files only
+
+
+def test_landing_sensor_starts_where_an_in_process_ingest_left_off(home):
+    """Files ingested outside the sensor (make demo, ratchet ingest) are not requested again, and
+    the cursor forgets files once the warehouse has recorded them."""
+    import os
+    import time
+
+    from pipelines.sensors import landing_sensor
+    from ratchet.ingest import ingest
+    from ratchet.warehouse import Warehouse
+
+    samples.write_samples(home.landing, n_synthetic=20)
+    old = time.time() - 60
+    for f in home.landing.rglob("*"):
+        os.utime(f, (old, old))
+    ingest([str(home.landing)], Warehouse(home.warehouse))
+    with DagsterInstance.ephemeral() as instance:
+        ctx = build_sensor_context(instance=instance)
+        assert "no new files" in landing_sensor(ctx).skip_message
+        (home.landing / "late.jsonl").write_text("{}\n")
+        os.utime(home.landing / "late.jsonl", (old, old))
+        ctx2 = build_sensor_context(instance=instance, cursor=ctx.cursor)
+        req = landing_sensor(ctx2)
+        assert req.run_config["ops"]["ingest"]["config"]["paths"] == [str(home.landing / "late.jsonl")]
+        assert '"late.jsonl"' in ctx2.cursor and len(ctx2.cursor) < 200
+        ingest([str(home.landing / "late.jsonl")], Warehouse(home.warehouse))
+        ctx3 = build_sensor_context(instance=instance, cursor=ctx2.cursor)
+        assert "no new files" in landing_sensor(ctx3).skip_message
+        assert "late.jsonl" not in ctx3.cursor                # recorded by the warehouse: dropped from the cursor
 
 
 def test_definitions_load_and_validate(home):
