@@ -274,7 +274,8 @@ def gate_contamination(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) -> tuple
 
 def gate_consent(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) -> tuple[bool, str, dict]:
     v = [dict(x) for x in ev.consent_violations]
-    nums = {"violations": v, "lineage_recorded": ev.lineage_recorded, "require_lineage": p.require_lineage}
+    nums = {"violations": v, "lineage_recorded": ev.lineage_recorded, "require_lineage": p.require_lineage,
+            "source": ev.sources.get("consent")}
     if v:
         by = defaultdict(set)
         for x in v:

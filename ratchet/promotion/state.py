@@ -144,8 +144,7 @@ def _transition_once(con, promotion_id: str, to: State, *, actor, reason, eviden
                      candidate, champion, model, dagster_run_id, guard, now) -> Transition:
     if not actor:
         raise ValueError("a transition needs an actor (who or what asked for it)")
-    if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'promotions'").fetchall()[0][0]:
-        tables.ensure(con)
+    tables.ready(con)
     con.execute("BEGIN TRANSACTION")
     try:
         past = history(con, promotion_id)

@@ -45,10 +45,27 @@ VIEWS = {
 }
 
 
+# Declared like every layer (ratchet.tables.LAYERS reads SCHEMAS and VIEWS). The indexes are not
+# expressible there: `ensure` adds them, and the state machine calls `ready` before each move.
+SCHEMAS = {"promotions": PROMOTIONS}
+INDEXES = {
+    "promotions_once": "CREATE UNIQUE INDEX IF NOT EXISTS promotions_once ON promotions (promotion_id, state)",
+    "promotions_seq": "CREATE UNIQUE INDEX IF NOT EXISTS promotions_seq ON promotions (seq)",
+}
+
+
 def ensure(con) -> None:
     """Create `promotions`, its uniqueness indexes and views (idempotent)."""
     con.execute(duck_ddl("promotions", PROMOTIONS))
-    con.execute("CREATE UNIQUE INDEX IF NOT EXISTS promotions_once ON promotions (promotion_id, state)")
-    con.execute("CREATE UNIQUE INDEX IF NOT EXISTS promotions_seq ON promotions (seq)")
+    for sql in INDEXES.values():
+        con.execute(sql)
     for name, sql in VIEWS.items():
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+
+
+def ready(con) -> None:
+    """`ensure` unless the table and both indexes are there (one catalog query)."""
+    n = con.execute("SELECT count(*) FROM duckdb_indexes() WHERE table_name = 'promotions' AND index_name IN "
+                    "('promotions_once', 'promotions_seq')").fetchall()[0][0]
+    if n < len(INDEXES):
+        ensure(con)

@@ -1,0 +1,142 @@
+"""Reading a promotion's inputs from the warehouse: the candidate's and the champion's
+eval_episodes rows, and the evidence the rows cannot carry (judge kappa from
+`judge_calibration`, the contamination rate from `contamination_report`, the consent status of
+the candidate checkpoint's training lineage from `checkpoints` + `trajectories` +
+`consent_grants`). Each reader says where its figure came from; a missing table is "unknown",
+which the gates treat as a failure, never as a pass."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Mapping
+
+from ratchet.store import fetch
+
+from .gates import Evidence
+
+BASELINE_PREFIXES = ("harness:", "scripted:")
+
+
+class MissingEvaluation(LookupError):
+    """The evaluation tables or the rows a promotion needs are not there."""
+
+
+def has_table(con, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchall()[0][0])
+
+
+def require_eval_tables(con) -> None:
+    if not has_table(con, "eval_episodes"):
+        raise MissingEvaluation("table eval_episodes does not exist: materialise holdout_eval (the holdout "
+                                "evaluation) before promotion")
+
+
+def latest_candidate(con, exclude: tuple[tuple[str, str], ...] = ()) -> tuple[str, str] | None:
+    """The (policy_id, checkpoint_version) evaluated most recently that is a learned policy
+    (not a harness or scripted baseline) and not in `exclude` (e.g. the champion)."""
+    rows = con.execute("""
+        SELECT policy_id, checkpoint_version, max(finished_at) AS last FROM eval_episodes
+        GROUP BY 1, 2 ORDER BY last DESC NULLS LAST""").fetchall()
+    for pid, ver, _ in rows:
+        if not pid.startswith(BASELINE_PREFIXES) and (pid, ver or "") not in exclude:
+            return pid, ver or ""
+    return None
+
+
+def eval_rows(con, policy_id: str, checkpoint_version: str, *, eval_run_id: str | None = None,
+              environment_digest: str | None = None, holdout_sha256: str | None = None) -> list[dict]:
+    """One row per eval_id of a policy x checkpoint: under the given digest and holdout, else under
+    those of its newest episode (an older evaluation under another environment is not mixed in).
+    A retried episode keeps its newest row."""
+    where, params = ["policy_id = ?", "coalesce(checkpoint_version, '') = ?"], [policy_id, checkpoint_version or ""]
+    if eval_run_id:
+        where.append("list_contains(string_split(?, ','), eval_run_id)")
+        params.append(eval_run_id)
+    base = " AND ".join(where)
+    if environment_digest is None or holdout_sha256 is None:
+        newest = con.execute(f"SELECT environment_digest, holdout_sha256 FROM eval_episodes WHERE {base} "
+                             f"ORDER BY finished_at DESC NULLS LAST LIMIT 1", params).fetchall()
+        if not newest:
+            return []
+        environment_digest = environment_digest if environment_digest is not None else newest[0][0]
+        holdout_sha256 = holdout_sha256 if holdout_sha256 is not None else newest[0][1]
+    return fetch(con, f"""
+        SELECT * FROM eval_episodes WHERE {base} AND environment_digest IS NOT DISTINCT FROM ?
+          AND holdout_sha256 IS NOT DISTINCT FROM ?
+        QUALIFY row_number() OVER (PARTITION BY eval_id ORDER BY finished_at DESC NULLS LAST) = 1
+        ORDER BY task_id, seed""", params + [environment_digest, holdout_sha256])
+
+
+def judge_kappa(con) -> tuple[float | None, str]:
+    if not has_table(con, "judge_calibration"):
+        return None, "table judge_calibration does not exist"
+    r = fetch(con, "SELECT kappa, judge_id, items, computed_at FROM judge_calibration "
+                   "ORDER BY computed_at DESC NULLS LAST LIMIT 1")
+    if not r:
+        return None, "judge_calibration is empty"
+    r = r[0]
+    return r["kappa"], f"judge_calibration {r['judge_id']} over {r['items']} items at {r['computed_at']}"
+
+
+def contamination_rate(con) -> tuple[float | None, str]:
+    if not has_table(con, "contamination_report"):
+        return None, "table contamination_report does not exist"
+    r = fetch(con, "SELECT overlap_fraction, n_items, checked_at, passed FROM contamination_report "
+                   "ORDER BY checked_at DESC NULLS LAST LIMIT 1")
+    if not r:
+        return None, "contamination_report is empty"
+    r = r[0]
+    return r["overlap_fraction"], f"contamination_report over {r['n_items']} items at {r['checked_at']}"
+
+
+def checkpoint_ids(policy_id: str, checkpoint_version: str) -> list[str]:
+    """How a checkpoint may be named in the `checkpoints` registry (trainers register one of these)."""
+    return [checkpoint_version, f"{policy_id}@{checkpoint_version}"]
+
+
+def consent_lineage(con, policy_id: str, checkpoint_version: str, now: datetime,
+                    checkpoint_id: str | None = None) -> tuple[list[dict], bool | None, str]:
+    """(violations, lineage_recorded, source). No weights (checkpoint_version ""): nothing was
+    trained, (no violations, None). Otherwise every trained record is checked as the consent layer
+    would check it for the checkpoint's tenant at `now` (revoked, expired, and any other reason a
+    record may not train it), plus the registry's sticky revocation flag."""
+    from ratchet.governance.consent import decide, grants_from_rows
+
+    if not checkpoint_version and not checkpoint_id:
+        return [], None, "no trained weights"
+    if not has_table(con, "checkpoints"):
+        return [], False, "table checkpoints does not exist"
+    ids = [checkpoint_id] if checkpoint_id else checkpoint_ids(policy_id, checkpoint_version)
+    ck = fetch(con, "SELECT * FROM checkpoints WHERE list_contains(?, checkpoint_id) ORDER BY created_at DESC LIMIT 1", [ids])
+    if not ck:
+        return [], False, f"no checkpoints row named {ids}"
+    ck = ck[0]
+    out: dict[tuple[str, str], dict] = {}
+    if ck.get("flagged"):
+        out[("(flag)", "revoked")] = {"consent_id": None, "reason": "revoked", "n_records": None,
+                                      "detail": ck.get("flag_reason")}
+    records = ck.get("trained_record_ids") or []
+    grants = grants_from_rows(fetch(con, "SELECT * FROM consent_grants")) if has_table(con, "consent_grants") else {}
+    if records:
+        trajs = fetch(con, "SELECT record_id, trajectory_id, tenant_id, consent_id, started_at, ended_at "
+                           "FROM trajectories WHERE list_contains(?, record_id)", [records])
+        missing = len(set(records) - {t["record_id"] for t in trajs})
+        if missing:
+            out[("(missing)", "unknown_record")] = {"consent_id": None, "reason": "unknown_record",
+                                                    "n_records": missing, "detail": "trained records not in trajectories"}
+        for t in trajs:
+            reason, detail = decide(t, grants, now, ck["tenant_id"])
+            if reason is not None:
+                v = out.setdefault((str(t.get("consent_id")), reason), {"consent_id": t.get("consent_id"), "reason": reason,
+                                                                      "n_records": 0, "detail": detail})
+                v["n_records"] += 1
+    return list(out.values()), True, f"checkpoints row {ck['checkpoint_id']} ({len(records)} trained records)"
+
+
+def gather(con, candidate: Mapping, now: datetime, checkpoint_id: str | None = None) -> Evidence:
+    kappa, ksrc = judge_kappa(con)
+    rate, csrc = contamination_rate(con)
+    violations, recorded, lsrc = consent_lineage(con, candidate["policy_id"], candidate["checkpoint_version"], now,
+                                                 checkpoint_id)
+    return Evidence(judge_kappa=kappa, contamination_rate=rate, consent_violations=tuple(violations),
+                    lineage_recorded=recorded,
+                    sources={"judge_kappa": ksrc, "contamination_rate": csrc, "consent": lsrc})
