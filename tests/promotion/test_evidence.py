@@ -1,0 +1,89 @@
+"""Reading rows and evidence from the warehouse (a DuckDB file with the real table DDL)."""
+from datetime import datetime, timedelta, timezone
+
+import duckdb
+import pytest
+
+from ratchet.promotion import evidence as E
+from ratchet.store import insert
+from ratchet.tables import ddl
+
+from .synthetic import episodes, tasks
+
+pytestmark = pytest.mark.promotion
+NOW = datetime(2026, 11, 30, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def con(tmp_path):
+    from ratchet.evaluation import tables as eval_tables
+
+    c = duckdb.connect(str(tmp_path / "w.duckdb"))
+    for t in ("checkpoints", "consent_grants", "contamination_report"):
+        c.execute(ddl(t))
+    eval_tables.ensure(c)
+    # `trajectories` is a view over the Parquet lake in production; a plain table with the columns read here.
+    c.execute("CREATE TABLE trajectories (record_id VARCHAR, trajectory_id VARCHAR, tenant_id VARCHAR, "
+              "consent_id VARCHAR, started_at TIMESTAMPTZ, ended_at TIMESTAMPTZ)")
+    yield c
+    c.close()
+
+
+def test_missing_tables_are_unknown_not_passing(tmp_path):
+    c = duckdb.connect(str(tmp_path / "empty.duckdb"))
+    with pytest.raises(E.MissingEvaluation, match="materialise holdout_eval"):
+        E.require_eval_tables(c)
+    ev = E.gather(c, {"policy_id": "embedded:rl", "checkpoint_version": "1"}, NOW)
+    assert (ev.judge_kappa, ev.contamination_rate, ev.lineage_recorded) == (None, None, False)
+    assert "does not exist" in ev.sources["judge_kappa"]
+
+
+def test_newest_evidence_rows_win(con):
+    from ratchet.evaluation.tables import append_rows
+
+    append_rows(con, "judge_calibration", [{"computed_at": NOW - timedelta(days=1), "judge_id": "old", "items": 10, "kappa": 0.9},
+                                           {"computed_at": NOW, "judge_id": "rubric-v2", "items": 120, "kappa": 0.79}])
+    insert(con, "contamination_report", [{"checked_at": NOW, "overlap_fraction": 0.0, "n_items": 5},
+                                         {"checked_at": NOW - timedelta(days=1), "overlap_fraction": 0.2, "n_items": 5}])
+    assert E.judge_kappa(con)[0] == 0.79 and "rubric-v2 over 120 items" in E.judge_kappa(con)[1]
+    assert E.contamination_rate(con)[0] == 0.0
+
+
+def test_consent_lineage_revoked_expired_and_clean(con):
+    insert(con, "consent_grants", [
+        {"consent_id": "LIVE", "tenant_id": "acme", "scopes": ["train"], "retention_days": 90, "granted_at": NOW - timedelta(days=10)},
+        {"consent_id": "GONE", "tenant_id": "acme", "scopes": ["train"], "retention_days": 90,
+         "granted_at": NOW - timedelta(days=10), "revoked_at": NOW - timedelta(days=1)}])
+    con.executemany("INSERT INTO trajectories VALUES (?, ?, 'acme', ?, ?, ?)", [
+        ("r1", "t1", "LIVE", NOW - timedelta(days=5), NOW - timedelta(days=5)),
+        ("r2", "t2", "GONE", NOW - timedelta(days=5), NOW - timedelta(days=5)),
+        ("r3", "t3", "LIVE", NOW - timedelta(days=200), NOW - timedelta(days=200))])   # past 90-day retention
+    insert(con, "checkpoints", [
+        {"checkpoint_id": "clean", "tenant_id": "acme", "trained_record_ids": ["r1"], "created_at": NOW, "flagged": False},
+        {"checkpoint_id": "embedded:rl@dirty", "tenant_id": "acme", "trained_record_ids": ["r1", "r2", "r3", "r9"],
+         "created_at": NOW, "flagged": False}])
+    assert E.consent_lineage(con, "embedded:rl", "clean", NOW)[:2] == ([], True)
+    v, recorded, src = E.consent_lineage(con, "embedded:rl", "dirty", NOW)
+    assert recorded and "4 trained records" in src
+    assert sorted((x["reason"], x["consent_id"], x["n_records"]) for x in v) == [
+        ("expired", "LIVE", 1), ("revoked", "GONE", 1), ("unknown_record", None, 1)]
+    assert E.consent_lineage(con, "harness:sbfl", "", NOW)[:2] == ([], None)       # no weights, no lineage
+    assert E.consent_lineage(con, "embedded:rl", "nope", NOW)[:2] == ([], False)
+
+
+def test_eval_rows_keep_one_environment(con):
+    from ratchet.evaluation.tables import write_episodes
+
+    T = tasks(5)
+    old = episodes(T, "embedded:rl", checkpoint_version="1", digest="sha256:old")
+    new = [dict(r, started_at=r["started_at"] + timedelta(hours=1), finished_at=r["finished_at"] + timedelta(hours=1))
+           for r in episodes(T, "embedded:rl", checkpoint_version="1")]
+    write_episodes(con, old)
+    write_episodes(con, new)
+    rows = E.eval_rows(con, "embedded:rl", "1")
+    assert len(rows) == 15 and {r["environment_digest"] for r in rows} == {new[0]["environment_digest"]}
+    assert len(E.eval_rows(con, "embedded:rl", "1", environment_digest="sha256:old",
+                           holdout_sha256=old[0]["holdout_sha256"])) == 15
+    write_episodes(con, episodes(T, "harness:sbfl"))
+    assert E.latest_candidate(con) == ("embedded:rl", "1")
+    assert E.latest_candidate(con, exclude=(("embedded:rl", "1"),)) is None
