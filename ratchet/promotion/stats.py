@@ -2,8 +2,9 @@
 passes when the majority of its scored seeds pass), infrastructure failures counted apart,
 then a paired bootstrap over tasks.
 
-ratchet/evaluation/stats.py (the evaluation layer) did not exist when this was written; this
-module keeps its own small seeded bootstrap so the gates are testable on their own.
+The majority rule and the bootstrap are the evaluation layer's (ratchet.evaluation.stats), so a
+gate's interval is the same number the scorecard shows for the same rows and seed; this module
+only adapts them to the gates (dicts per task, a confidence level instead of alpha).
 """
 from __future__ import annotations
 
@@ -26,10 +27,9 @@ def scored(rows: Iterable[Mapping]) -> list[Mapping]:
 def majority_by_task(rows: Iterable[Mapping]) -> dict[str, bool]:
     """task_id -> passed by a strict majority of its scored seeds. A task whose every seed was
     an infrastructure failure is absent (unscorable, not failed)."""
-    seeds: dict[str, list[bool]] = defaultdict(list)
-    for r in scored(rows):
-        seeds[str(r["task_id"])].append(bool(r["passed"]))
-    return {t: 2 * sum(v) > len(v) for t, v in seeds.items()}
+    from ratchet.evaluation.stats import task_outcomes
+
+    return {str(t): v for t, v in task_outcomes(list(rows)).items() if v is not None}
 
 
 def mean_by_task(rows: Iterable[Mapping], col: str) -> dict[str, float]:
@@ -69,19 +69,11 @@ def paired_bootstrap(cand: Sequence[float], champ: Sequence[float], *, n_boot: i
                      level: float = 0.95, seed: int = 0) -> PairedCI:
     """Percentile CI of mean(cand - champ), resampling the paired units with replacement.
     Deterministic for a seed. Raises on no pairs (there is nothing to estimate)."""
-    import numpy as np
+    from ratchet.evaluation.stats import bootstrap_ci
 
     if len(cand) != len(champ):
         raise ValueError(f"paired bootstrap needs equal lengths, got {len(cand)} and {len(champ)}")
     if not cand:
         raise ValueError("paired bootstrap over zero units")
-    d = np.asarray(cand, dtype=float) - np.asarray(champ, dtype=float)
-    rng = np.random.default_rng(seed)
-    # Resampling in chunks bounds memory at ~8 MB whatever n_boot x n is.
-    chunk = max(1, 1_000_000 // len(d))
-    means = np.concatenate([d[rng.integers(0, len(d), size=(min(chunk, n_boot - i), len(d)))].mean(axis=1)
-                            for i in range(0, n_boot, chunk)])
-    alpha = (1.0 - level) / 2.0
-    low, high = np.quantile(means, [alpha, 1.0 - alpha])
-    return PairedCI(n=len(d), diff=float(d.mean()), low=float(low), high=float(high), level=level,
-                    n_boot=n_boot, seed=seed)
+    iv = bootstrap_ci([float(a) - float(b) for a, b in zip(cand, champ)], n_boot=n_boot, seed=seed, alpha=1.0 - level)
+    return PairedCI(n=iv.n, diff=iv.estimate, low=iv.lo, high=iv.hi, level=level, n_boot=n_boot, seed=seed)

@@ -182,3 +182,15 @@ def test_report_markdown_and_dict():
     d = rep.to_dict()
     assert d["failed"] == [] and len(d["gates"]) == 10 and d["policy"]["min_kappa"] == 0.8
     assert isinstance(Evidence.from_dict(GOOD_EVIDENCE).consent_violations, tuple)
+
+
+def test_gate_interval_is_the_scorecards_paired_difference():
+    """The gate and the evaluation layer's scorecard report the same interval for the same rows."""
+    from ratchet.evaluation.stats import paired_difference, task_outcomes
+
+    T = tasks(120, seed=3)
+    champ, cand = episodes(T, "a", infra_rate=0.05), episodes(T, "b", p_shift=0.1, infra_rate=0.05)
+    g = evaluate_gates(cand, champ, GOOD_EVIDENCE, GatePolicy(seed=11)).gate("beats_champion")
+    iv = paired_difference(task_outcomes(cand), task_outcomes(champ), n_boot=2000, seed=11)
+    assert (g.numbers["diff"], g.numbers["ci_low"], g.numbers["ci_high"], g.numbers["tasks"]) == (
+        round(iv.estimate, 4), round(iv.lo, 4), round(iv.hi, 4), iv.n)
