@@ -254,5 +254,32 @@ def scorecard(context: dg.AssetExecutionContext, config: ScorecardConfig, wareho
     return dg.MaterializeResult(metadata=meta)
 
 
+holdout_eval_job = dg.define_asset_job("holdout_eval_job", selection=[holdout_eval], partitions_def=POLICY_X_SEED,
+                                      description="One policy x seed of the locked-holdout evaluation.")
+evaluation_report_job = dg.define_asset_job(
+    "evaluation_report_job", selection=["eval_summary", "economics", "scorecard", "judge_calibration"],
+    description="Summary, economics, judge calibration and the scorecard over the stored episodes.")
+
+
+def run_evaluation(instance: dg.DagsterInstance, resources: dict, policies=DEFAULT_POLICIES, seeds=("0", "1", "2"),
+                   holdout_config: Optional[dict] = None, report_ops: Optional[dict] = None, log=print) -> bool:
+    """What `make demo` runs: every policy x seed partition of holdout_eval (each resumes), then the
+    report assets with their checks. Returns True when every run succeeded."""
+    register_policies(instance, policies)
+    ok = True
+    for p in policies:
+        for s in seeds:
+            res = dg.materialize([holdout_eval], partition_key=dg.MultiPartitionKey({"policy": p, "seed": s}),
+                                 instance=instance, resources=resources, raise_on_error=False,
+                                 run_config={"ops": {"holdout_eval": {"config": holdout_config or {}}}})
+            ok &= res.success
+            log(f"holdout_eval {p} seed {s}: {'ok' if res.success else 'FAILED'}")
+    res = dg.materialize([eval_summary, economics, scorecard, judge_calibration, judge_kappa_drift, judge_kappa_gate],
+                         instance=instance, resources=resources, raise_on_error=False,
+                         run_config={"ops": report_ops or {}})
+    return ok and res.success
+
+
 defs = dg.Definitions(assets=[holdout_eval, eval_summary, judge_calibration, economics, scorecard],
-                      asset_checks=[judge_kappa_drift, judge_kappa_gate])
+                      asset_checks=[judge_kappa_drift, judge_kappa_gate],
+                      jobs=[holdout_eval_job, evaluation_report_job])

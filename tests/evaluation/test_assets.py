@@ -120,3 +120,22 @@ def test_a_tampered_manifest_stops_the_evaluation_before_any_episode(holdout, ho
 
         tables.ensure(con)
         assert con.execute("SELECT count(*) FROM eval_episodes").fetchall()[0][0] == 0
+
+
+def test_run_evaluation_is_what_the_demo_calls(holdout, home, capsys):
+    from dagster import DagsterInstance
+
+    from assets.evaluation import run_evaluation
+    from resources import MlflowTracking, WarehouseResource
+
+    res = {"warehouse": WarehouseResource(home=str(home.root)), "tracking": MlflowTracking(home=str(home.root))}
+    ok = run_evaluation(DagsterInstance.ephemeral(), res, policies=("scripted:expert",), seeds=("0",),
+                        holdout_config={"workers": 1, "task_limit": 1},
+                        report_ops={"scorecard": {"config": {"mlflow": False}},
+                                    "judge_calibration": {"config": {"n_boot": 100, "max_items": 50}}})
+    assert ok and "holdout_eval scripted:expert seed 0: ok" in capsys.readouterr().out
+    from ratchet.evaluation.io import scorecard_text
+
+    wh, _, _ = holdout
+    text = scorecard_text(wh)
+    assert "scripted:expert" in text and ("1 / 1 tasks" in text or "0 / 1 tasks" in text)
