@@ -59,7 +59,7 @@ def test_token_loss_by_hand_and_no_gradient_on_tool_tokens():
     adv = torch.tensor([2.0, 0.5])
     loss, stats = token_loss(new, old, old.clone(), adv, mask, beta=0.04)
     # ratio 1, KL 0: loss = -(2 + 2 + 0.5 + 0.5) / 4 policy tokens
-    assert float(loss) == pytest.approx(-1.25)
+    assert float(loss.detach()) == pytest.approx(-1.25)
     assert stats["kl"] == pytest.approx(0.0) and stats["clip_fraction"] == 0.0
     loss.backward()
     assert new.grad[0, 1] == 0 and new.grad[1, 2] == 0              # tool-output tokens: no gradient
@@ -69,7 +69,7 @@ def test_token_loss_by_hand_and_no_gradient_on_tool_tokens():
     new2[0, 0] += math.log(1.5)
     new2.requires_grad_(True)
     loss2, stats2 = token_loss(new2, old, new2.detach().clone(), adv, mask, beta=0.0)
-    assert float(loss2) == pytest.approx(-(2 * 1.2 + 2 + 0.5 + 0.5) / 4)
+    assert float(loss2.detach()) == pytest.approx(-(2 * 1.2 + 2 + 0.5 + 0.5) / 4)
     assert stats2["clip_fraction"] == pytest.approx(0.25)
     loss2.backward()
     assert new2.grad[0, 0] == 0
