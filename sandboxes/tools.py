@@ -1,11 +1,14 @@
 """The repair tools: OpenAI function schemas (`TOOL_SCHEMAS`) and their implementations.
 
 Each implementation takes the `RepairEnv` (sandboxes.env) and the validated arguments and returns
-the observation text. They raise `ToolError` for the agent's mistakes (the env turns it into an
+the observation text (the texts agents parse back are formatted in `sandboxes.observations`,
+beside their parsers). They raise `ToolError` for the agent's mistakes (the env turns it into an
 "error: ..." observation) and never touch the host outside the episode's worktree: file access
 goes through the runtime's symlink-safe helpers, commands run inside the sandbox.
 """
 from __future__ import annotations
+
+from sandboxes import observations
 
 
 class ToolError(Exception):
@@ -103,18 +106,15 @@ def view_issue(env, issue_id: str | None = None) -> str:
 
 
 def list_files(env, path: str = ".") -> str:
-    files = env.episode.list_files(path or ".")
-    return "\n".join(files) if files else f"(no files under {path})"
+    return observations.format_file_list(path, env.episode.list_files(path or "."))
 
 
 def read_file(env, path: str, start_line: int = 1, end_line: int | None = None) -> str:
     lines = env.episode.read_file(path).splitlines()
-    if not lines:
-        return f"({path} is empty)"
     end = min(end_line or len(lines), len(lines))
-    if start_line > len(lines) or end < start_line:
+    if lines and (start_line > len(lines) or end < start_line):
         raise ToolError(f"line range {start_line}-{end_line} is outside {path} (1-{len(lines)})")
-    return "\n".join(f"{n:4d}| {lines[n - 1]}" for n in range(start_line, end + 1))
+    return observations.format_source(path, lines, start_line, end)
 
 
 def search(env, pattern: str, path: str = ".", regex: bool = False) -> str:
@@ -130,7 +130,7 @@ def search(env, pattern: str, path: str = ".", regex: bool = False) -> str:
         return f"no matches for {pattern!r}"
     if r.returncode != 0:
         raise ToolError(f"search failed: {(r.stderr or r.stdout).strip()[:300]}")
-    return "\n".join(l[2:] if l.startswith("./") else l for l in r.stdout.splitlines())
+    return "\n".join(l.removeprefix("./") for l in r.stdout.splitlines())
 
 
 def edit(env, path: str, old: str, new: str) -> str:
@@ -181,46 +181,12 @@ def apply_patch(env, patch: str) -> str:
     return f"applied patch to {len(paths)} file(s): {', '.join(paths[:20])}"
 
 
-def _stable(output: str) -> str:
-    """Drop run-to-run noise (object addresses, timings) so the same state gives the same text."""
-    import re
-    output = re.sub(r" at 0x[0-9a-f]+>", ">", output)
-    output = re.sub(r" in \d+(\.\d+)?s\b", "", output)
-    return re.sub(r"={3,}", "===", re.sub(r"_{3,}", "___", output))   # padding varies with timing
-
-
-def _test_summary(rep, limit: int) -> str:
-    counts: dict[str, int] = {}
-    items = _items(rep.outcomes)
-    for o in items.values():
-        counts[o] = counts.get(o, 0) + 1
-    head = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no tests ran"
-    lines = [head + (" [timed out]" if rep.timed_out else "")]
-    if getattr(rep, "agent_fault", None):
-        lines.append(f"the test run crashed (caused by the code under test): {rep.agent_fault[:300]}")
-    lines += [f"{o.upper()} {t}" for t, o in sorted(items.items()) if o != "passed"]
-    text = "\n".join(lines)
-    if any(o != "passed" for o in items.values()) and rep.output:
-        room = limit - len(text) - 40
-        if room > 200:
-            text += "\n\n--- pytest output (tail) ---\n" + _stable(rep.output)[-room:]
-    return text
-
-
-def _items(outcomes: dict) -> dict:
-    """Outcomes per collected item: a requested function- or file-level id that stands for
-    several parametrised items is counted once, through its items."""
-    keys = sorted(outcomes)
-    agg = {k for i, k in enumerate(keys) if i + 1 < len(keys) and keys[i + 1].startswith((k + "[", k + "::"))}
-    return {k: o for k, o in outcomes.items() if k not in agg}
-
-
 def run_tests(env, tests: list[str] | None = None) -> str:
     rep = env.episode.run_tests(tests or None)
     if rep.infra_error:
         raise env.infra(rep.infra_error)
     env.last_outcomes = dict(rep.outcomes)
-    return _test_summary(rep, env.max_output_chars)
+    return observations.format_test_summary(rep, env.max_output_chars)
 
 
 _TEST_TOKENS = {"test", "tests", "testing", "testcase", "testcases", "testdata", "fixtures",
@@ -252,26 +218,24 @@ def localize(env, top: int = 10, formula: str = "ochiai", tests: list[str] | Non
         raise ToolError(f"the coverage run {why}; localize on fewer tests with "
                         "tests=[...] (e.g. one test file)")
     if not any(o in ("failed", "error") for o in rep.outcomes.values()):
-        return "no failing tests: nothing to localize"
+        return observations.NO_FAILING
     b = env.bundle
     named = {t.split("::", 1)[0] for t in (*b.fail_to_pass, *b.pass_to_pass, *rep.outcomes)}
     cov = {t: {f: ls for f, ls in files.items()
                if not is_test_file(f, named) and not any(fnmatchcase(f, g) for g in b.forbidden_paths)}
            for t, files in (rep.coverage or {}).items()}
     ranked = [s for s in sbfl(cov, rep.outcomes, formula=formula) if s.score > 0][:top]
-    if not ranked:
-        return "failing tests covered no lines outside the test files"
     src: dict[str, list[str]] = {}
-    out = [f"suspicious lines ({formula}; {sum(o != 'passed' for o in rep.outcomes.values())} failing test(s)):"]
-    for i, s in enumerate(ranked, 1):
+    rows = []
+    for s in ranked:
         if s.file not in src:
             try:
                 src[s.file] = env.episode.read_file(s.file).splitlines()
             except OSError:
                 src[s.file] = []
         code = src[s.file][s.line - 1].strip() if s.line <= len(src[s.file]) else ""
-        out.append(f"{i:2d}. {s.file}:{s.line}  score={s.score:.3f}  | {code}")
-    return "\n".join(out)
+        rows.append((s.file, s.line, s.score, code))
+    return observations.format_localize(formula, sum(o != "passed" for o in rep.outcomes.values()), rows)
 
 
 def _candidates(env, path: str, line: int):
@@ -286,9 +250,7 @@ def _candidates(env, path: str, line: int):
 
 def propose_edits(env, path: str, line: int) -> str:
     _, cands = _candidates(env, path, line)
-    if not cands:
-        return f"no candidate edits for {path}:{line}"
-    return "\n".join([f"candidates for {path}:{line}:"] + [f"[{c.index}] {c.description}" for c in cands])
+    return observations.format_candidates(path, line, [(c.index, c.description) for c in cands])
 
 
 def apply_edit(env, path: str, line: int, index: int) -> str:
@@ -297,7 +259,7 @@ def apply_edit(env, path: str, line: int, index: int) -> str:
         raise ToolError(f"no candidate {index} for {path}:{line} ({len(cands)} candidates; call propose_edits)")
     c = cands[index]
     env.episode.write_file(path, c.apply(source))
-    return f"applied [{index}] to {path}:{line}: `{c.new_line.strip()}`"
+    return observations.format_applied(index, path, line, c.new_line)
 
 
 def submit(env, explanation: str) -> str:

@@ -1,5 +1,6 @@
 """What every reference agent shares: a Session that records OpenAI chat messages around the env,
-the AgentRun result, and small parsers for the tools' observation text.
+the AgentRun result, and the Editor that applies and undoes candidate edits. The tools'
+observation texts are parsed with `sandboxes.observations` (beside their formatters).
 
 Agents see only observations (strings) and act only through `Session.call`, i.e. the env's tools,
 so their transcripts are exactly what a model-driven policy would produce.
@@ -10,6 +11,8 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
+
+from sandboxes.observations import parse_applied
 
 
 @dataclass
@@ -80,43 +83,6 @@ class Session:
                         env.explanation or "", self.attempts, self.fixed_at, dict(self.notes))
 
 
-# --------------------------------------------------------------------------- observation parsers
-_LOC = re.compile(r"^\s*\d+\.\s+(\S+):(\d+)\s+score=([\d.]+|inf)")
-_CAND = re.compile(r"^\[(\d+)\]\s+(.*)$")
-_NUMBERED = re.compile(r"^\s*\d+\| ?(.*)$")
-
-
-def parse_localize(obs: str) -> list[tuple[str, int, float]]:
-    out = []
-    for line in obs.splitlines():
-        m = _LOC.match(line)
-        if m:
-            out.append((m.group(1), int(m.group(2)), float(m.group(3))))
-    return out
-
-
-def parse_candidates(obs: str) -> list[tuple[int, str]]:
-    if obs.startswith("error:"):
-        return []
-    return [(int(m.group(1)), m.group(2)) for m in map(_CAND.match, obs.splitlines()) if m]
-
-
-def parse_source(obs: str) -> str:
-    """read_file's numbered output back to the file text."""
-    if obs.startswith("error:"):
-        return ""
-    return "\n".join(m.group(1) if m else "" for m in map(_NUMBERED.match, obs.splitlines())) + "\n"
-
-
-def tests_all_passed(obs: str) -> bool:
-    head = obs.splitlines()[0] if obs else ""
-    return not obs.startswith("error:") and "passed" in head and not re.search(r"\b(failed|error)\b", head)
-
-
-def failing_tests(obs: str) -> list[str]:
-    return [l.split(" ", 1)[1] for l in obs.splitlines() if l.startswith(("FAILED ", "ERROR "))]
-
-
 def enclosing_function(source: str, line: int) -> str | None:
     import ast
     try:
@@ -125,9 +91,9 @@ def enclosing_function(source: str, line: int) -> str | None:
         return None
     best = None
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= node.end_lineno:
-            if best is None or node.lineno > best.lineno:
-                best = node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= node.end_lineno \
+                and (best is None or node.lineno > best.lineno):
+            best = node
     return best.name if best else None
 
 
@@ -156,7 +122,7 @@ def function_lines(source: str, name: str | None) -> list[int]:
 def issue_function(issue_text: str, source: str) -> str | None:
     """The first backticked name in the issue that is defined in `source`."""
     for name in re.findall(r"`([A-Za-z_]\w*)`", issue_text):
-        if re.search(rf"^\s*def {re.escape(name)}\b", source, re.M):
+        if re.search(rf"^\s*def {re.escape(name)}\b", source, re.MULTILINE):
             return name
     return None
 
@@ -168,7 +134,7 @@ def unique_window(current: str, original: str, line: int) -> tuple[str, str] | N
     if len(cur) != len(org):
         return None
     i = line - 1
-    for r in range(0, len(cur)):
+    for r in range(len(cur)):
         lo, hi = max(0, i - r), min(len(cur), i + r + 1)
         old = "".join(cur[lo:hi])
         if current.count(old) == 1:
@@ -184,14 +150,14 @@ class Editor:
         self.changed_line: int | None = None
 
     def apply(self, line: int, index: int, thought: str = "") -> bool:
-        obs = self.s.call("apply_edit", {"path": self.path, "line": line, "index": index}, thought)
-        m = re.search(r": `(.*)`$", obs)
-        if obs.startswith("error:") or not m:
+        applied = parse_applied(self.s.call("apply_edit", {"path": self.path, "line": line, "index": index},
+                                            thought))
+        if applied is None:
             return False
         lines = self.current.splitlines(keepends=True)
         old = lines[line - 1]
         indent = old[:len(old) - len(old.lstrip())]
-        lines[line - 1] = indent + m.group(1) + ("\n" if old.endswith("\n") else "")
+        lines[line - 1] = indent + applied.text + ("\n" if old.endswith("\n") else "")
         self.current, self.changed_line = "".join(lines), line
         return True
 

@@ -9,10 +9,22 @@ from __future__ import annotations
 
 import random
 
-from sandboxes.agents.base import (AgentRun, Editor, Session, enclosing_function, function_lines,
-                                   issue_function,
-                                   parse_candidates, parse_localize, parse_source, tests_all_passed)
+from sandboxes.agents.base import (
+    AgentRun,
+    Editor,
+    Session,
+    enclosing_function,
+    function_lines,
+    issue_function,
+)
 from sandboxes.agents.expert import explain
+from sandboxes.observations import (
+    parse_candidates,
+    parse_file_list,
+    parse_localize,
+    parse_source,
+    tests_all_passed,
+)
 
 RANDOM_ID = "baseline-random-edit@v1"
 SBFL_ID = "baseline-sbfl@v1"
@@ -38,7 +50,7 @@ def _give_up(s: Session) -> AgentRun:
 
 
 def _target_file(s: Session, issue: str) -> str:
-    files = [f for f in s.call("list_files", {}, "Listing the repository.").splitlines()
+    files = [f for f in parse_file_list(s.call("list_files", {}, "Listing the repository."))
              if f.endswith(".py") and not f.rsplit("/", 1)[-1].startswith("test_")]
     for f in files:
         if f in issue:

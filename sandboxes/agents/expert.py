@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import re
 
-from sandboxes.agents.base import (AgentRun, Editor, Session, enclosing_function, failing_tests,
-                                   parse_candidates, parse_localize, parse_source, tests_all_passed)
+from sandboxes.agents.base import AgentRun, Editor, Session, enclosing_function
+from sandboxes.observations import (
+    failing_tests,
+    parse_candidates,
+    parse_localize,
+    parse_source,
+    tests_all_passed,
+)
 
 AGENT_ID = "expert-scripted@v1"
 _REPLACE = re.compile(r"replace `(.+?)` with `(.+?)`")

@@ -7,10 +7,21 @@ from __future__ import annotations
 import random
 import re
 
-from sandboxes.agents.base import (AgentRun, Editor, Session, enclosing_function, function_lines,
-                                   issue_function, parse_candidates, parse_localize, parse_source,
-                                   tests_all_passed)
+from sandboxes.agents.base import (
+    AgentRun,
+    Editor,
+    Session,
+    enclosing_function,
+    function_lines,
+    issue_function,
+)
 from sandboxes.agents.expert import explain
+from sandboxes.observations import (
+    parse_candidates,
+    parse_localize,
+    parse_source,
+    tests_all_passed,
+)
 
 AGENT_ID = "noisy-scripted@v1"
 _WORDS = ("TODO", "config", "cache", "import", "return", "len(", "sorted", "None", "range")
