@@ -26,8 +26,13 @@ pytest itself: reading ini files and conftests, collecting, rewriting asserts, r
 * runs one small session (pass, fail, skip, parametrize) to warm import, regex and inspect
   caches, then removes its module again and `gc.freeze()`s the heap.
 
-This module is also imported on the host for `PytestWorkerClient`; the worker half uses only
-the standard library and pytest.
+Size: ~560 lines, on purpose one self-contained file. It is what runs inside the sandbox: bwrap
+read-only-binds this one file at /.ratchet/pytest_worker.py (`runtime.py`: `tool_files`) and
+Docker mounts it alone (`docker_runtime.py`), and the sandbox's interpreter (in Docker, the
+image's own python and pytest) runs it as a script, where the `sandboxes` package does not
+exist. So it imports only the standard library and pytest, and cannot be split into modules
+without mounting each of them too. The host half (`PytestWorkerClient`, `read_json_line`,
+`NOT_STARTED`) lives in `sandboxes.worker_client`; the old import path still works.
 """
 from __future__ import annotations
 
@@ -120,7 +125,7 @@ def match_outcome(test_id: str, outcomes: dict[str, str], root: str = "") -> str
     passed (skips aside), failed / error when any did, skipped when all were skipped, error
     when nothing matched (not found, not collected). `./` and `<root>/` prefixes are ignored.
     """
-    tid = test_id[2:] if test_id.startswith("./") else test_id
+    tid = test_id.removeprefix("./")
     if root and tid.startswith(root.rstrip("/") + "/"):
         tid = tid[len(root.rstrip("/")) + 1:]
     if tid in outcomes:
@@ -198,7 +203,7 @@ def _note_new_modules() -> None:
             by_name[name] = f
             f = inspect.getabsfile(mod)
             by_file[f] = by_file[os.path.realpath(f)] = mod.__name__
-    except Exception:  # noqa: BLE001 - only a cache; inspect's own walk handles odd modules
+    except Exception:  # noqa: BLE001, S110 - only a cache; inspect's own walk handles odd modules
         pass
 
 
@@ -487,7 +492,7 @@ def _warm_up() -> None:
             pass
     try:
         _install_fixture_scan_cache()     # pytest-internal: an older pytest (a container's) lacks it
-    except Exception:  # noqa: BLE001 - an optimisation only
+    except Exception:  # noqa: BLE001, S110 - an optimisation only
         pass
     tmp = tempfile.mkdtemp(prefix="ratchet-warm-")
     test_file = os.path.join(tmp, f"test_ratchet_warm_{os.getpid()}.py")
@@ -499,7 +504,7 @@ def _warm_up() -> None:
     os.dup2(nul, 1)
     try:
         pytest.main(["--noconftest"] + _pytest_args(tmp, [test_file]), plugins=[_Collector(tmp, False)])
-    except Exception:  # noqa: BLE001 - warming is an optimisation; the runs themselves report
+    except Exception:  # noqa: BLE001, S110 - warming is an optimisation; the runs themselves report
         pass
     finally:
         os.dup2(saved, 1)
@@ -540,104 +545,17 @@ def serve(root: str, kill_strays: bool) -> None:
         proto.write(json.dumps(resp) + "\n")
         try:
             runner.prefork()
-        except Exception:  # noqa: BLE001 - run() forks one itself if this failed
+        except Exception:  # noqa: BLE001, S110 - run() forks one itself if this failed
             pass
 
 
-# ----------------------------------------------------------------------------- on the host
-NOT_STARTED = "pytest worker failed to start"    # the prefix of every start failure (no agent code ran)
-
-
-def read_json_line(fd: int, buf: bytes, timeout: float) -> tuple[dict | None, bytes]:
-    """The next JSON line from a helper process's stdout within `timeout` (None on EOF, timeout
-    or garbage), and what was read past it. Shared by every host-side helper client."""
-    deadline = time.monotonic() + timeout
-    while b"\n" not in buf:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return None, buf
-        b = os.read(fd, 1 << 20)
-        if not b:
-            return None, buf
-        buf += b
-    line, buf = buf.split(b"\n", 1)
-    try:
-        return json.loads(line), buf
-    except ValueError:
-        return None, buf
-
-
-class PytestWorkerClient:
-    """Host side: starts the worker through an isolation runner, sends requests, reads answers.
-
-    Every failure of the worker itself (did not start, died, answered garbage, hung past the
-    grace period) is returned as `{"error": ...}` so the runtime records an infra failure.
-    """
-
-    def __init__(self, runner, root: str, stderr_path: str, start_timeout: float = 30.0):
-        self.runner, self.root, self.stderr_path = runner, root, stderr_path
-        self.start_timeout = start_timeout
-        self.proc = None
-        self._buf = b""
-
-    def _start(self) -> str | None:
-        import subprocess
-        self._err = open(self.stderr_path, "wb")
-        cmd = [sys.executable, self.runner.tool_path("pytest_worker.py"), "--root", self.root]
-        if self.runner.name == "bwrap":
-            cmd.append("--kill-strays")
-        try:
-            self.proc = self.runner.popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=self._err)
-        except OSError as e:
-            self.close()
-            return f"{NOT_STARTED}: spawn failed: {e}"
-        self._buf = b""
-        first = self._readline(self.start_timeout)
-        if first is None or not first.get("ready"):
-            err = self._stderr_tail()
-            self.close()
-            return f"{NOT_STARTED}: {err or first}"
-        return None
-
-    def _stderr_tail(self) -> str:
-        try:
-            with open(self.stderr_path, "rb") as f:
-                return f.read()[-2000:].decode("utf-8", "replace").strip()
-        except OSError:
-            return ""
-
-    def _readline(self, timeout: float) -> dict | None:
-        obj, self._buf = read_json_line(self.proc.stdout.fileno(), self._buf, timeout)
-        return obj
-
-    def request(self, test_ids, coverage: bool, timeout: float, max_output: int) -> dict:
-        if self.proc is None or self.proc.poll() is not None:
-            err = self._start()
-            if err:
-                return {"error": err}
-        req = {"test_ids": list(test_ids) if test_ids else None, "coverage": coverage,
-               "timeout": timeout, "max_output": max_output}
-        try:
-            self.proc.stdin.write((json.dumps(req) + "\n").encode())
-            self.proc.stdin.flush()
-        except OSError as e:
-            self.close()
-            return {"error": f"pytest worker pipe broken: {e}"}
-        resp = self._readline(timeout + 10.0)     # the worker enforces `timeout` itself
-        if resp is None:
-            tail = self._stderr_tail()
-            self.close()
-            return {"error": f"pytest worker died or hung: {tail[-500:]}"}
-        return resp
-
-    def close(self) -> None:
-        from sandboxes.attribution import stop_process
-        stop_process(self.proc)
-        self.proc = None
-        if getattr(self, "_err", None):
-            self._err.close()
-            self._err = None
+def __getattr__(name: str):
+    """The host half moved to `sandboxes.worker_client`; its old import path keeps working (on the
+    host only: nothing in the sandbox asks for these names)."""
+    if name in ("NOT_STARTED", "PytestWorkerClient", "read_json_line"):
+        from sandboxes import worker_client
+        return getattr(worker_client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":
