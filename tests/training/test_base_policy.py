@@ -60,3 +60,13 @@ def test_lora_trains_only_the_adapter(tiny_model):
     assert trainable and all("lora_" in n for n in trainable)
     with pytest.raises(ValueError):
         with_lora(tiny_model, target_modules=("no_such_proj",))
+
+
+def test_resolve_base_policy_embedded_or_a_local_folder(tmp_path, tools):
+    from ratchet.policy.embedded.model import resolve_base_policy
+
+    p = resolve_base_policy("embedded", tmp_path, lambda: task_texts(_tasks(2), tools), config=SMALL)
+    assert (p / "ratchet_base.json").exists()
+    assert resolve_base_policy(str(p), tmp_path / "unused", None) == p      # a local checkpoint by path
+    with pytest.raises(FileNotFoundError):
+        resolve_base_policy("Qwen/Qwen2.5-0.5B-Instruct", tmp_path, None)

@@ -146,3 +146,15 @@ def with_lora(model, *, r: int = 16, alpha: int = 32, dropout: float = 0.05,
 
 def should_use_lora(model, threshold: int = 50_000_000) -> bool:
     return sum(p.numel() for p in model.parameters()) > threshold
+
+
+def resolve_base_policy(spec: str, out_dir: str | Path, corpus, **build_kw) -> Path:
+    """What the `base_policy` asset calls: spec "embedded" builds (or reuses) the embedded base from
+    `corpus` (texts, or a zero-argument callable returning them: the content key needs them);
+    any other spec is a local HF checkpoint folder, returned after checking it exists (no hub ids)."""
+    if spec != "embedded":
+        path = Path(spec).expanduser()
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"base policy {spec!r} is neither 'embedded' nor a local HF checkpoint folder")
+        return path
+    return build_base_policy(out_dir, corpus() if callable(corpus) else corpus, **build_kw)
