@@ -8,8 +8,9 @@ or "rollback" with the reasons. Infrastructure failures are excluded, as in the 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .config import CanaryPolicy
 from .stats import majority_by_task, percentile, scored

@@ -2,9 +2,10 @@
 refuse nonsense with a message saying how to fix it."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 # Gates a config may never make soft (an owner cannot wave them through).
 ALWAYS_HARD = frozenset({"comparable", "evaluation_complete", "beats_champion", "hard_gate_violations",
@@ -80,11 +81,11 @@ class GatePolicy:
         return gate not in self.soft_gates
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "GatePolicy":
+    def from_dict(cls, d: Mapping[str, Any] | None) -> GatePolicy:
         return _from_mapping(cls, d)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "GatePolicy":
+    def from_yaml(cls, path: str | Path) -> GatePolicy:
         """A YAML mapping, or one under a `gates:` key."""
         return cls.from_dict(_load_yaml(path, "gates"))
 
@@ -111,9 +112,9 @@ class CanaryPolicy:
                 raise ValueError(f"{k} must be >= 0, got {getattr(self, k)}")
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "CanaryPolicy":
+    def from_dict(cls, d: Mapping[str, Any] | None) -> CanaryPolicy:
         return _from_mapping(cls, d)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "CanaryPolicy":
+    def from_yaml(cls, path: str | Path) -> CanaryPolicy:
         return cls.from_dict(_load_yaml(path, "canary"))

@@ -6,8 +6,8 @@ the candidate checkpoint's training lineage from `checkpoints` + `trajectories` 
 which the gates treat as a failure, never as a pass."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Mapping
 
 from ratchet.store import fetch
 
@@ -28,6 +28,9 @@ def require_eval_tables(con) -> None:
     if not has_table(con, "eval_episodes"):
         raise MissingEvaluation("table eval_episodes does not exist: materialise holdout_eval (the holdout "
                                 "evaluation) before promotion")
+    if not con.execute("SELECT count(*) FROM (SELECT 1 FROM eval_episodes LIMIT 1)").fetchall()[0][0]:
+        raise MissingEvaluation("table eval_episodes is empty: materialise holdout_eval (the holdout evaluation) "
+                                "before promotion")
 
 
 def latest_candidate(con, exclude: tuple[tuple[str, str], ...] = ()) -> tuple[str, str] | None:

@@ -11,13 +11,21 @@ Infrastructure failures are left out of every denominator and reported per side.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ratchet.markdown import md_table
 
 from .config import COMPONENTS, GATES, GatePolicy
-from .stats import majority_by_task, mean, mean_by_task, paired_bootstrap, percentile, scored
+from .stats import (
+    majority_by_task,
+    mean,
+    mean_by_task,
+    paired_bootstrap,
+    percentile,
+    scored,
+)
 
 NONE_LABEL = "(none)"
 
@@ -33,7 +41,7 @@ class Evidence:
     sources: Mapping[str, str] = field(default_factory=dict)  # where each figure came from (for the report)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "Evidence":
+    def from_dict(cls, d: Mapping[str, Any] | None) -> Evidence:
         d = dict(d or {})
         d["consent_violations"] = tuple(d.get("consent_violations") or ())
         return cls(**d)

@@ -10,7 +10,7 @@ so a rollback is one audited row plus one alias move. mlflow is imported inside 
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from collections.abc import Mapping
 
 from . import state as S
 

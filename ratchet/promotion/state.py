@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import Enum
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from . import tables
 
@@ -177,7 +178,7 @@ def _transition_once(con, promotion_id: str, to: State, *, actor, reason, eviden
             "evidence": None if evidence is None else json.dumps(evidence, default=str, sort_keys=True),
             "registered_model": mdl.get("registered_model", last.get("registered_model")),
             "model_version": mdl.get("model_version", last.get("model_version")),
-            "at": now or datetime.now(timezone.utc), "dagster_run_id": dagster_run_id,
+            "at": now or datetime.now(UTC), "dagster_run_id": dagster_run_id,
         }
         con.execute(_INSERT,
                     [row[c] for c in _COLS])
@@ -243,8 +244,10 @@ def approve(con, promotion_id: str, *, policy, owner: str | None = None, reason:
             raise ApprovalRefused(f"{owner!r} is not an approver for policy {policy.name!r} (owners: {list(policy.owners)})")
 
     who = f"owner:{owner}" if owner else f"policy:{policy.name}"
-    if owner and not reason:
-        reason = "approved by owner"
+    if owner:
+        stored = next((r for r in history(con, promotion_id) if r["state"] == State.EVALUATED.value), None)
+        waived = (stored or {}).get("failing_gates") or []
+        reason = (reason or f"approved by owner {owner}") + (f"; waived soft gates {waived}" if waived else "")
     return transition(con, promotion_id, State.APPROVED, actor=who, guard=guard,
                       reason=reason or "pre-authorised: every gate passed", dagster_run_id=dagster_run_id, now=now)
 

@@ -9,8 +9,8 @@ only adapts them to the gates (dicts per task, a confidence level instead of alp
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 INFRA = "infra_failure"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 DIGEST = "sha256:" + "ab" * 32
 HOLDOUT = "cd" * 32
@@ -34,7 +34,7 @@ def episodes(task_list: list[dict], policy_id: str, *, checkpoint_version: str =
     `reward_bonus` adds reward that no verifier component earned (a hacked reward)."""
     rng = random.Random(f"{policy_id}|{checkpoint_version}|{seed}")
     run = eval_run_id or hashlib.sha1(f"{policy_id}{checkpoint_version}{seed}".encode()).hexdigest()[:12]
-    t0 = datetime(2026, 11, 30, tzinfo=timezone.utc)
+    t0 = datetime(2026, 11, 30, tzinfo=UTC)
     rows = []
     for t in task_list:
         p = p_of(t) if p_of else min(1.0, max(0.0, t["p"] + p_shift))

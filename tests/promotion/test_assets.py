@@ -3,7 +3,7 @@ clear failure without evaluation tables, a promotion, a second cycle against the
 a rejection, and the sensor's run keys and cursor."""
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import pytest
@@ -17,7 +17,7 @@ from resources import MlflowTracking, WarehouseResource
 from .synthetic import episodes, tasks
 
 pytestmark = pytest.mark.promotion
-NOW = datetime(2026, 11, 30, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
 
 def test_defs_load_without_heavy_imports():
@@ -38,14 +38,25 @@ def test_defs_load_without_heavy_imports():
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rh")
-    return {"warehouse": WarehouseResource(home=str(root)), "tracking": MlflowTracking(home=str(root)), "root": root}
+def mlflow_uri(tmp_path_factory):
+    """One MLflow store for the module (creating one costs ~10 s); each test its own model name."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def _env(root, uri, model):
+    return {"warehouse": WarehouseResource(home=str(root)), "tracking": MlflowTracking(home=str(root), tracking_uri=uri),
+            "root": root, "model": model}
+
+
+@pytest.fixture
+def env(tmp_path, mlflow_uri, request):
+    return _env(tmp_path, mlflow_uri, request.node.name[:40])
 
 
 def _run(env, **config):
     from assets.promotion import promotion
 
+    config.setdefault("registered_model", env.get("model", "ratchet-policy"))
     return dg.materialize([promotion], resources={"warehouse": env["warehouse"], "tracking": env["tracking"]},
                           run_config={"ops": {"promotion": {"config": {"now": NOW.isoformat(), **config}}}},
                           raise_on_error=False)
@@ -56,12 +67,11 @@ def _meta(result):
     return {k: getattr(v, "value", v) for k, v in mats[0].metadata.items()}
 
 
-def test_fails_clearly_without_evaluation_tables(tmp_path):
-    env = {"warehouse": WarehouseResource(home=str(tmp_path)), "tracking": MlflowTracking(home=str(tmp_path))}
+def test_fails_clearly_without_evaluation_tables(env):
     res = _run(env)
     assert not res.success
     err = res.get_step_failure_events()[0].event_specific_data.error
-    assert "eval_episodes does not exist" in err.message and "holdout_eval" in err.message
+    assert "eval_episodes" in err.message and "materialise holdout_eval" in err.message
 
 
 def _seed(env, evidence=True):
@@ -99,9 +109,9 @@ def test_promotes_then_the_next_cycle_must_beat_the_new_champion(env):
     m = _meta(res)
     assert (m["verdict"], m["state"], m["champion_now"]) == ("pass", "promoted", "embedded:rl@1"), m["report"]
     assert "| beats_champion | hard | pass |" in m["report"] and m["champion_evaluated_against"] == "harness:sbfl@- (baseline)"
-    c = env["tracking"].client()
-    v1 = R.find_version(c, "embedded:rl", "1")
-    assert R.current_aliases(c) == {"champion": v1, "canary": None, "candidate": None}
+    c, name = env["tracking"].client(), env["model"]
+    v1 = R.find_version(c, "embedded:rl", "1", name)
+    assert R.current_aliases(c, name) == {"champion": v1, "canary": None, "candidate": None}
 
     # Repeating the same run (a second sensor tick) changes nothing.
     n = wh.query("SELECT count(*) AS n FROM promotions").column(0)[0].as_py()
@@ -114,26 +124,22 @@ def test_promotes_then_the_next_cycle_must_beat_the_new_champion(env):
     assert m["candidate"] == "embedded:rl@3" and m["state"] == "rejected" and "reward_hacking" in m["failing_gates"]
     m = _meta(_run(env, candidate_policy_id="embedded:rl", candidate_checkpoint_version="2", canary_skip=True))
     assert (m["state"], m["champion_now"]) == ("promoted", "embedded:rl@2"), m["report"]
-    v2 = R.find_version(c, "embedded:rl", "2")
-    assert R.current_aliases(c)["champion"] == v2
+    v2 = R.find_version(c, "embedded:rl", "2", name)
+    assert R.current_aliases(c, name)["champion"] == v2
 
     with wh.connect() as con:
-        t, restored, moved = R.rollback(con, c, actor="owner:alice", reason="incident", promotion_id=None)
+        _, restored, moved = R.rollback(con, c, actor="owner:alice", reason="incident", model_name=name)
     assert restored["checkpoint_version"] == "1" and moved == {"champion": (v2, v1)}
 
 
-def test_without_canary_rows_the_candidate_waits_in_canary(tmp_path):
-    env = {"warehouse": WarehouseResource(home=str(tmp_path)), "tracking": MlflowTracking(home=str(tmp_path)),
-           "root": tmp_path}
+def test_without_canary_rows_the_candidate_waits_in_canary(env):
     _seed(env)
     m = _meta(_run(env, candidate_policy_id="embedded:rl", candidate_checkpoint_version="1"))
     assert m["state"] == "canary" and m["canary"].startswith("wait")
-    assert R.current_aliases(env["tracking"].client())["canary"] == m["model_version"]
+    assert R.current_aliases(env["tracking"].client(), env["model"])["canary"] == m["model_version"]
 
 
-def test_missing_evidence_and_revoked_lineage_reject(tmp_path):
-    env = {"warehouse": WarehouseResource(home=str(tmp_path)), "tracking": MlflowTracking(home=str(tmp_path)),
-           "root": tmp_path}
+def test_missing_evidence_and_revoked_lineage_reject(env):
     wh = _seed(env, evidence=False)
     m = _meta(_run(env, candidate_policy_id="embedded:rl", candidate_checkpoint_version="1", canary_skip=True))
     assert m["state"] == "rejected" and {"judge_kappa", "contamination", "consent"} <= set(m["failing_gates"])

@@ -1,5 +1,5 @@
 """Reading rows and evidence from the warehouse (a DuckDB file with the real table DDL)."""
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import duckdb
 import pytest
@@ -11,7 +11,7 @@ from ratchet.tables import ddl
 from .synthetic import episodes, tasks
 
 pytestmark = pytest.mark.promotion
-NOW = datetime(2026, 11, 30, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -31,7 +31,10 @@ def con(tmp_path):
 
 def test_missing_tables_are_unknown_not_passing(tmp_path):
     c = duckdb.connect(str(tmp_path / "empty.duckdb"))
-    with pytest.raises(E.MissingEvaluation, match="materialise holdout_eval"):
+    with pytest.raises(E.MissingEvaluation, match="does not exist: materialise holdout_eval"):
+        E.require_eval_tables(c)
+    c.execute("CREATE TABLE eval_episodes (eval_id VARCHAR)")
+    with pytest.raises(E.MissingEvaluation, match="is empty: materialise holdout_eval"):
         E.require_eval_tables(c)
     ev = E.gather(c, {"policy_id": "embedded:rl", "checkpoint_version": "1"}, NOW)
     assert (ev.judge_kappa, ev.contamination_rate, ev.lineage_recorded) == (None, None, False)

@@ -11,7 +11,7 @@ from ratchet.promotion.config import GatePolicy
 from ratchet.promotion.gates import evaluate_gates
 from ratchet.promotion.tables import ensure
 
-from .synthetic import DIGEST, GOOD_EVIDENCE, episodes, tasks
+from .synthetic import GOOD_EVIDENCE, episodes, tasks
 
 pytestmark = pytest.mark.promotion
 

@@ -90,6 +90,7 @@ def test_owner_may_waive_a_soft_gate_the_policy_may_not(con):
         S.approve(con, pid, policy=soft, owner="mallory")
     t = S.approve(con, pid, policy=soft, owner="alice", reason="latency budget raised for Q4")
     assert t.applied and t.row["actor"] == "owner:alice" and "Q4" in t.row["reason"]
+    assert "waived soft gates ['latency_p95']" in t.row["reason"]
 
 
 def test_soft_gates_cannot_include_always_hard_ones():
