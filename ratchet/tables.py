@@ -14,7 +14,8 @@ JSON = {"format": "json"}                # a VARCHAR column holding JSON (dicts 
 TS = pa.timestamp("us", tz="UTC")
 STR_LIST = pa.list_(pa.string())
 
-LAYERS = ("ratchet.governance.tables",)
+LAYERS = ("ratchet.governance.tables", "ratchet.evaluation.tables", "ratchet.promotion.tables",
+          "ratchet.analyst_views")
 
 
 def schema(*fields) -> pa.Schema:
@@ -55,6 +56,8 @@ def ensure_all(con) -> None:
     for layer in layers:
         for name in layer.SCHEMAS:
             con.execute(ddl(name))
+        for sql in getattr(layer, "INDEXES", {}).values():
+            con.execute(sql)
     for layer in layers:
         for name, sql in getattr(layer, "VIEWS", {}).items():
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
