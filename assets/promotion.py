@@ -123,6 +123,14 @@ def promotion(context: dg.AssetExecutionContext, config: PromotionConfig, wareho
                                  environment_digest=cand_rows[0]["environment_digest"],
                                  holdout_sha256=cand_rows[0]["holdout_sha256"])
         ev = E.gather(con, cand, now, config.checkpoint_id)
+    waiting = E.incomplete(cand_rows, champ_rows, gate_policy.min_seeds)
+    if waiting:
+        # holdout_eval materialises one policy x seed at a time: decide once every seed is in.
+        context.log.info(f"promotion of {cand['policy_id']} waits: {waiting}")
+        return dg.MaterializeResult(metadata={
+            "state": "waiting", "verdict": "not evaluated yet", "waiting_for": waiting,
+            "candidate": f"{cand['policy_id']}@{cand['checkpoint_version'] or '-'}",
+            "champion_evaluated_against": f"{champ['policy_id']}@{champ['checkpoint_version'] or '-'}"})
     report = evaluate_gates(cand_rows, champ_rows, ev, gate_policy)
 
     client = tracking.client()
@@ -189,6 +197,9 @@ promotion_job = dg.define_asset_job("promotion_job", selection=[promotion], tags
                                     description="Gate the newest holdout-evaluated candidate and move it through promotion.")
 
 
+BASELINE_PREFIXES = ("harness:", "scripted:")   # as ratchet.promotion.evidence (kept light: no import at load)
+
+
 def _meta(entry, *keys):
     mat = entry.asset_materialization
     md = mat.metadata if mat else {}
@@ -202,14 +213,16 @@ def _meta(entry, *keys):
 def promotion_request(storage_id: int, entry) -> dg.RunRequest:
     """The run for one holdout_eval materialisation: its candidate (from the event's metadata
     `candidate_policy_id` / `policy_id`, `candidate_checkpoint_version` / `checkpoint_version`,
-    `eval_run_id`; else the asset picks the newest learned candidate). The run key is the event's
-    storage id, so a repeated tick never launches a second run for the same event."""
+    optionally `candidate_eval_run_id`; else the asset picks the newest learned candidate). The run
+    key is the event's storage id, so a repeated tick never launches a second run for the same
+    event. holdout_eval runs one policy x seed per materialisation: the asset waits (records
+    nothing) until every seed of the candidate and the champion is in."""
     cfg = {}
     pid = _meta(entry, "candidate_policy_id", "policy_id")
     if pid:
         cfg["candidate_policy_id"] = pid
         cfg["candidate_checkpoint_version"] = _meta(entry, "candidate_checkpoint_version", "checkpoint_version") or ""
-    run = _meta(entry, "eval_run_id")
+    run = _meta(entry, "candidate_eval_run_id")     # holdout_eval's own `eval_run_id` is one seed's run: not used
     if run:
         cfg["eval_run_id"] = run
     return dg.RunRequest(run_key=f"promotion-{storage_id}", run_config={"ops": {"promotion": {"config": cfg}}},
@@ -228,7 +241,10 @@ def promotion_sensor(context: dg.SensorEvaluationContext):
     if not records:
         return dg.SkipReason(f"no holdout_eval materialisation after event {after}")
     context.update_cursor(str(records[-1].storage_id))
-    return [promotion_request(r.storage_id, r.event_log_entry) for r in records]
+    # Baselines (harness / scripted policies) are never candidates; their events request nothing.
+    reqs = [promotion_request(r.storage_id, r.event_log_entry) for r in records
+            if not (_meta(r.event_log_entry, "candidate_policy_id", "policy_id") or "").startswith(BASELINE_PREFIXES)]
+    return reqs or dg.SkipReason(f"{len(records)} new holdout_eval materialisation(s), all of baseline policies")
 
 
 defs = dg.Definitions(assets=[promotion], jobs=[promotion_job], sensors=[promotion_sensor])

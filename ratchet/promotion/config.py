@@ -50,6 +50,7 @@ class GatePolicy:
     max_contamination: float = 0.0
     hacking_tolerance: float = 0.0       # a pass rate / component may drop this much while reward rises
     max_infra_rate: float = 0.10         # share of a side's episodes that may be infrastructure failures
+    min_seeds: int = 3                   # seeds every task needs on each side (the spec's 3-seed holdout)
     require_lineage: bool = True         # a learned checkpoint needs a consent lineage record
     soft_gates: tuple[str, ...] = ()     # gates an owner may approve past (never those in ALWAYS_HARD)
     auto_approve: bool = True            # the pre-authorised policy approves when every gate passes
@@ -74,6 +75,8 @@ class GatePolicy:
         hard = sorted(set(self.soft_gates) & ALWAYS_HARD)
         if hard:
             raise ValueError(f"soft_gates {hard} must stay hard: only {sorted(set(GATES) - ALWAYS_HARD)} may be soft")
+        if self.min_seeds < 1:
+            raise ValueError(f"min_seeds {self.min_seeds} must be >= 1 (the spec evaluates 3 seeds)")
         if not self.slice_columns:
             raise ValueError("slice_columns is empty: name at least one (e.g. 'slice')")
 

@@ -69,6 +69,22 @@ def eval_rows(con, policy_id: str, checkpoint_version: str, *, eval_run_id: str 
         ORDER BY task_id, seed""", params + [environment_digest, holdout_sha256])
 
 
+def incomplete(candidate_rows: list[dict], champion_rows: list[dict], min_seeds: int) -> str | None:
+    """Why the evaluation is not finished yet (a side with no rows, or tasks with fewer seeds than
+    required), or None. A champion with no rows at all is not "waiting": the gates report it."""
+    from .gates import seeds_per_task
+
+    out = []
+    for side, rows in (("candidate", candidate_rows), ("champion", champion_rows)):
+        if not rows:
+            continue
+        n = seeds_per_task(rows)
+        short = sum(v < min_seeds for v in n.values())
+        if short:
+            out.append(f"{side}: {short} of {len(n)} tasks have fewer than {min_seeds} seeds (min {min(n.values())})")
+    return "; ".join(out) or None
+
+
 def judge_kappa(con) -> tuple[float | None, str]:
     if not has_table(con, "judge_calibration"):
         return None, "table judge_calibration does not exist"
@@ -92,8 +108,9 @@ def contamination_rate(con) -> tuple[float | None, str]:
 
 
 def checkpoint_ids(policy_id: str, checkpoint_version: str) -> list[str]:
-    """How a checkpoint may be named in the `checkpoints` registry (trainers register one of these)."""
-    return [checkpoint_version, f"{policy_id}@{checkpoint_version}"]
+    """How a checkpoint may be named in the `checkpoints` registry (trainers register one of these;
+    eval policy ids carry the version already, e.g. "embedded:rl@3" with checkpoint_version "3")."""
+    return [checkpoint_version, policy_id, f"{policy_id}@{checkpoint_version}"]
 
 
 def consent_lineage(con, policy_id: str, checkpoint_version: str, now: datetime,

@@ -137,6 +137,14 @@ def _side(rows: Iterable[Mapping], label: str) -> _Side:
                  sorted({str(r.get("eval_run_id")) for r in rows if r.get("eval_run_id")}))
 
 
+def seeds_per_task(rows: Sequence[Mapping]) -> dict[str, int]:
+    """task_id -> distinct seeds with a row (infra failures included: the seed was run)."""
+    seen: dict[str, set] = defaultdict(set)
+    for r in rows:
+        seen[str(r["task_id"])].add(r.get("seed"))
+    return {t: len(v) for t, v in seen.items()}
+
+
 def _rate(flags: Sequence[bool]) -> float | None:
     return sum(flags) / len(flags) if flags else None
 
@@ -171,6 +179,12 @@ def gate_evaluation_complete(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) ->
     if c.tasks != k.tasks:
         return False, (f"task sets differ: {nums['only_candidate']} only in candidate, "
                        f"{nums['only_champion']} only in champion"), nums
+    cs, ks = seeds_per_task(c.rows), seeds_per_task(k.rows)
+    nums["candidate_min_seeds"], nums["champion_min_seeds"], nums["min_seeds"] = min(cs.values()), min(ks.values()), p.min_seeds
+    short = [(side, sum(n < p.min_seeds for n in d.values())) for side, d in (("candidate", cs), ("champion", ks))]
+    short = [(side, n) for side, n in short if n]
+    if short:
+        return False, "; ".join(f"{n} {side} tasks have fewer than {p.min_seeds} seeds" for side, n in short), nums
     worst = max(ci, ki)
     if worst > p.max_infra_rate:
         return False, f"infrastructure failures {worst:.1%} of a side's episodes > {p.max_infra_rate:.1%}", nums

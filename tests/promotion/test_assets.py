@@ -139,6 +139,23 @@ def test_without_canary_rows_the_candidate_waits_in_canary(env):
     assert R.current_aliases(env["tracking"].client(), env["model"])["canary"] == m["model_version"]
 
 
+def test_waits_until_every_seed_is_evaluated(env):
+    from ratchet.evaluation import tables as eval_tables
+
+    wh = _seed(env)
+    with wh.connect() as con:
+        con.execute("DELETE FROM eval_episodes WHERE policy_id = 'embedded:rl' AND checkpoint_version = '1' AND seed > 0")
+    m = _meta(_run(env, candidate_policy_id="embedded:rl", candidate_checkpoint_version="1", canary_skip=True))
+    assert m["state"] == "waiting" and "fewer than 3 seeds" in m["waiting_for"]
+    assert wh.query("SELECT count(*) FROM promotions").column(0)[0].as_py() == 0
+    T = tasks(80, seed=1)
+    with wh.connect() as con:
+        eval_tables.write_episodes(con, episodes(T, "embedded:rl", checkpoint_version="1", p_shift=0.3,
+                                                 violation_rate=0.0, latency=25, seed=2))
+    assert _meta(_run(env, candidate_policy_id="embedded:rl", candidate_checkpoint_version="1",
+                      canary_skip=True))["state"] == "promoted"
+
+
 def test_missing_evidence_and_revoked_lineage_reject(env):
     wh = _seed(env, evidence=False)
     m = _meta(_run(env, candidate_policy_id="embedded:rl", candidate_checkpoint_version="1", canary_skip=True))
@@ -158,17 +175,19 @@ def test_sensor_requests_once_per_materialisation(tmp_path):
         ctx = dg.build_sensor_context(instance=instance)
         assert not promotion_sensor.evaluate_tick(ctx).run_requests
         instance.report_runless_asset_event(dg.AssetMaterialization(
-            "holdout_eval", metadata={"candidate_policy_id": "embedded:rl", "checkpoint_version": "4",
-                                      "eval_run_id": "run-a"}))
+            "holdout_eval", metadata={"policy_id": "embedded:rl@4", "checkpoint_version": "4",
+                                      "eval_run_id": "one-seed-run", "seed": 0}))
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            "holdout_eval", metadata={"policy_id": "harness:sbfl", "checkpoint_version": ""}))   # a baseline
         instance.report_runless_asset_event(dg.AssetMaterialization("holdout_eval"))
         first = promotion_sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
         a, b = first.run_requests
         assert a.run_config["ops"]["promotion"]["config"] == {
-            "candidate_policy_id": "embedded:rl", "candidate_checkpoint_version": "4", "eval_run_id": "run-a"}
+            "candidate_policy_id": "embedded:rl@4", "candidate_checkpoint_version": "4"}
         assert b.run_config["ops"]["promotion"]["config"] == {}      # the asset picks the newest candidate
-        assert a.run_key != b.run_key and a.tags["ratchet/candidate"] == "embedded:rl"
+        assert a.run_key != b.run_key and a.tags["ratchet/candidate"] == "embedded:rl@4"
         again = promotion_sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=first.cursor))
-        assert not again.run_requests                                  # the cursor moved past both events
+        assert not again.run_requests                                  # the cursor moved past all three events
         repeat = promotion_sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
         assert [r.run_key for r in repeat.run_requests] == [a.run_key, b.run_key]  # same keys: no second run
         assert first.cursor.isdigit()

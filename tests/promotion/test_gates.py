@@ -194,3 +194,11 @@ def test_gate_interval_is_the_scorecards_paired_difference():
     iv = paired_difference(task_outcomes(cand), task_outcomes(champ), n_boot=2000, seed=11)
     assert (g.numbers["diff"], g.numbers["ci_low"], g.numbers["ci_high"], g.numbers["tasks"]) == (
         round(iv.estimate, 4), round(iv.lo, 4), round(iv.hi, 4), iv.n)
+
+
+def test_every_task_needs_all_seeds():
+    cand, champ = _pair([["pass"]] * 30, [["fail"] * 3] * 30)       # the candidate ran one seed
+    g = evaluate_gates(cand, champ, GOOD_EVIDENCE, GatePolicy(slice_columns=("slice",))).gate("evaluation_complete")
+    assert not g.passed and "30 candidate tasks have fewer than 3 seeds" in g.reason
+    assert evaluate_gates(cand, champ, GOOD_EVIDENCE, GatePolicy(min_seeds=1, slice_columns=("slice",))
+                          ).gate("evaluation_complete").passed
