@@ -191,3 +191,15 @@ def test_sensor_requests_once_per_materialisation(tmp_path):
         repeat = promotion_sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
         assert [r.run_key for r in repeat.run_requests] == [a.run_key, b.run_key]  # same keys: no second run
         assert first.cursor.isdigit()
+
+
+def test_defs_merge_into_the_code_location():
+    """What the integrator does in pipelines/definitions.py: merge `defs` and resolve the job."""
+    from assets.promotion import defs
+    from pipelines.definitions import defs as location
+
+    merged = dg.Definitions.merge(location, defs)
+    dg.Definitions.validate_loadable(merged)
+    assert merged.resolve_job_def("promotion_job").asset_layer.executable_asset_keys == {dg.AssetKey("promotion")}
+    graph = merged.resolve_asset_graph()
+    assert dg.AssetKey("holdout_eval") in graph.get(dg.AssetKey("promotion")).parent_keys
