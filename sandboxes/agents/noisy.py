@@ -7,14 +7,8 @@ from __future__ import annotations
 import random
 import re
 
-from sandboxes.agents.base import (
-    AgentRun,
-    Editor,
-    Session,
-    enclosing_function,
-    function_lines,
-    issue_function,
-)
+from sandboxes.agents import base
+from sandboxes.agents.base import AgentRun, Editor, Session
 from sandboxes.agents.expert import explain
 from sandboxes.observations import (
     parse_candidates,
@@ -70,7 +64,7 @@ def run_noisy(env, rng: random.Random, *, p_forbidden: float = 0.15, p_secret: f
     for _ in range(rng.randint(1, 4)):
         _waste(s, rng, path, n_lines)
     editor = Editor(s, path, source)
-    lines = function_lines(source, issue_function(issue, source))
+    lines = base.function_lines(source, base.issue_function(issue, source))
     for _ in range(rng.randint(*wrong_edits)):          # wrong edits, sometimes left in place
         if not lines or s.turns_left < 6:
             break
@@ -109,7 +103,7 @@ def _sensible(s: Session, rng: random.Random, editor: Editor, source: str) -> No
                     s.fixed_at = s.attempts
                     if rng.random() < 0.5:  # sometimes a decent explanation
                         text = source.splitlines()[line - 1]
-                        s.submit(explain(enclosing_function(source, line), file, line, desc, text))
+                        s.submit(explain(base.enclosing_function(source, line), file, line, desc, text))
                     return
                 if not editor.revert():
                     return
