@@ -49,25 +49,6 @@ def _policies(cfg: PromotionConfig, root):
             CanaryPolicy.from_dict({**(data.get("canary") or {}), **cfg.canary}), path if path.exists() else None)
 
 
-def _canary_rows(con, cand: dict, champ: dict, since, share: float, seed: int):
-    """The window's rows on fresh tasks (in no split, not in the holdout), each arm on its routed tasks."""
-    from ratchet.promotion.canary import route
-    from ratchet.promotion.evidence import eval_rows, has_table
-
-    used = set()
-    if has_table(con, "split_assignments"):
-        used |= {r[0] for r in con.execute("SELECT source_id FROM split_assignments WHERE kind = 'task'").fetchall()}
-    if has_table(con, "holdout_manifest"):
-        used |= {r[0] for r in con.execute("SELECT task_id FROM holdout_manifest").fetchall()}
-    out = []
-    for side, arm in ((cand, "candidate"), (champ, "champion")):
-        rows = [r for r in eval_rows(con, side["policy_id"], side["checkpoint_version"])
-                if r["task_id"] not in used and (r.get("started_at") is None or r["started_at"] >= since)]
-        routed = route(sorted({r["task_id"] for r in rows}), share, seed)
-        out.append([r for r in rows if routed[r["task_id"]] == arm])
-    return out[0], out[1], used
-
-
 @dg.asset(group_name="promotion", owners=OWNERS["promotion"], deps=["holdout_eval"], kinds={"duckdb", "mlflow"},
           pool="warehouse", description=(
               "Gates a candidate against the champion on the locked holdout (paired bootstrap, slices, hard gates, "
@@ -78,119 +59,56 @@ def promotion(context: dg.AssetExecutionContext, config: PromotionConfig, wareho
     from ratchet.clock import parse_now
     from ratchet.home import get_home
     from ratchet.markdown import md_table
-    from ratchet.promotion import evidence as E
-    from ratchet.promotion import registry as R
-    from ratchet.promotion import state as S
-    from ratchet.promotion import tables
-    from ratchet.promotion.canary import decide_canary
+    from ratchet.promotion import registry
+    from ratchet.promotion.evidence import MissingEvaluation
+    from ratchet.promotion.flow import advance, label, read_inputs
     from ratchet.promotion.gates import evaluate_gates
 
     gate_policy, canary_policy, policy_file = _policies(config, get_home(warehouse.home).root)
-    owner = config.owner or context.run.tags.get("ratchet/owner")
-    now, run_id = parse_now(config.now), context.run_id
     wh = warehouse.get()
+    named = (config.candidate_policy_id, config.candidate_checkpoint_version or "") if config.candidate_policy_id else None
     with wh.connect() as con:
         try:
-            E.require_eval_tables(con)
-        except E.MissingEvaluation as e:
+            inputs = read_inputs(con, baseline=(config.baseline_policy_id, config.baseline_checkpoint_version),
+                                 now=parse_now(config.now), candidate=named, eval_run_id=config.eval_run_id,
+                                 checkpoint_id=config.checkpoint_id, min_seeds=gate_policy.min_seeds)
+        except MissingEvaluation as e:
             raise dg.Failure(str(e)) from None
-        tables.ensure(con)
-        champ_row = S.current_champion(con)
-        champ = ({"policy_id": champ_row["policy_id"], "checkpoint_version": champ_row["checkpoint_version"] or "",
-                  "promotion_id": champ_row["promotion_id"]} if champ_row else
-                 {"policy_id": config.baseline_policy_id, "checkpoint_version": config.baseline_checkpoint_version,
-                  "promotion_id": None})
-        if config.candidate_policy_id:
-            cand = {"policy_id": config.candidate_policy_id, "checkpoint_version": config.candidate_checkpoint_version or ""}
-        else:
-            found = E.latest_candidate(con, exclude=((champ["policy_id"], champ["checkpoint_version"]),))
-            if found is None:
-                raise dg.Failure("no learned candidate in eval_episodes (only baselines or the champion): "
-                                 "evaluate a candidate on the holdout or set candidate_policy_id")
-            cand = {"policy_id": found[0], "checkpoint_version": found[1]}
-        if champ_row and (cand["policy_id"], cand["checkpoint_version"]) == (champ["policy_id"], champ["checkpoint_version"]):
-            # A repeated request after the promotion went through: nothing to decide.
-            context.log.info(f"{cand['policy_id']}@{cand['checkpoint_version'] or '-'} is already the champion")
-            return dg.MaterializeResult(metadata={
-                "promotion_id": champ["promotion_id"], "state": "promoted", "verdict": "already the champion",
-                "candidate": f"{cand['policy_id']}@{cand['checkpoint_version'] or '-'}",
-                "champion_now": f"{cand['policy_id']}@{cand['checkpoint_version'] or '-'}"})
-        cand_rows = E.eval_rows(con, cand["policy_id"], cand["checkpoint_version"], eval_run_id=config.eval_run_id)
-        if not cand_rows:
-            raise dg.Failure(f"no eval_episodes rows for candidate {cand['policy_id']}@{cand['checkpoint_version'] or '-'}"
-                             + (f" in eval runs {config.eval_run_id}" if config.eval_run_id else ""))
-        champ_rows = E.eval_rows(con, champ["policy_id"], champ["checkpoint_version"],
-                                 environment_digest=cand_rows[0]["environment_digest"],
-                                 holdout_sha256=cand_rows[0]["holdout_sha256"])
-        ev = E.gather(con, cand, now, config.checkpoint_id)
-    waiting = E.incomplete(cand_rows, champ_rows, gate_policy.min_seeds)
-    if waiting:
-        # holdout_eval materialises one policy x seed at a time: decide once every seed is in.
-        context.log.info(f"promotion of {cand['policy_id']} waits: {waiting}")
-        return dg.MaterializeResult(metadata={
-            "state": "waiting", "verdict": "not evaluated yet", "waiting_for": waiting,
-            "candidate": f"{cand['policy_id']}@{cand['checkpoint_version'] or '-'}",
-            "champion_evaluated_against": f"{champ['policy_id']}@{champ['checkpoint_version'] or '-'}"})
-    report = evaluate_gates(cand_rows, champ_rows, ev, gate_policy)
+    cand, champ = label(inputs.candidate), label(inputs.champion) + ("" if inputs.champion["promotion_id"] else " (baseline)")
+    if inputs.already_champion or inputs.waiting:
+        # A repeated request after the promotion went through, or holdout_eval (one policy x seed per
+        # materialisation) has not finished every seed: nothing to record yet.
+        why = "already the champion" if inputs.already_champion else inputs.waiting
+        context.log.info(f"promotion of {cand}: {why}")
+        return dg.MaterializeResult(metadata={"state": "promoted" if inputs.already_champion else "waiting",
+                                              "verdict": why, "candidate": cand, "champion_evaluated_against": champ})
 
+    report = evaluate_gates(inputs.candidate_rows, inputs.champion_rows, inputs.evidence, gate_policy)
     client = tracking.client()
-    model = {"registered_model": config.registered_model,
-             "model_version": R.ensure_version(client, cand["policy_id"], cand["checkpoint_version"],
-                                               model_name=config.registered_model)}
-    canary_note = None
+    model = {"registered_model": config.registered_model, "model_version": registry.ensure_version(
+        client, inputs.candidate["policy_id"], inputs.candidate["checkpoint_version"], model_name=config.registered_model)}
     with wh.connect() as con:
-        t = S.record_evaluation(con, report, actor=f"dagster:{run_id}", champion_promotion_id=champ["promotion_id"],
-                                model=model, dagster_run_id=run_id)
-        pid = t.row["promotion_id"]
-        S.decide(con, pid, policy=gate_policy, dagster_run_id=run_id)
-        if S.current_state(con, pid) == S.State.EVALUATED and owner:
-            try:
-                S.approve(con, pid, policy=gate_policy, owner=owner, dagster_run_id=run_id,
-                          reason=f"approved by owner {owner} (run {run_id})")
-            except S.ApprovalRefused as e:
-                context.log.warning(str(e))
-        if S.current_state(con, pid) == S.State.APPROVED:
-            S.start_canary(con, pid, actor="promotion", dagster_run_id=run_id,
-                           evidence={"share": canary_policy.share, "min_tasks": canary_policy.min_tasks})
-        if S.current_state(con, pid) == S.State.CANARY:
-            since = next(r["at"] for r in S.history(con, pid) if r["state"] == "canary")
-            if config.canary_skip:
-                S.promote(con, pid, actor=f"dagster:{run_id}", reason="canary skipped by run config (canary_skip)",
-                          evidence={"canary_skipped": True}, dagster_run_id=run_id)
-                canary_note = "skipped by config"
-            else:
-                c_rows, k_rows, used = _canary_rows(con, cand, champ, since, canary_policy.share, canary_policy.seed)
-                d = decide_canary(c_rows, k_rows, canary_policy, excluded_task_ids=used)
-                canary_note = f"{d.action}: " + "; ".join(d.reasons)
-                evidence = {"action": d.action, "reasons": list(d.reasons), **d.numbers}
-                if d.action == "promote":
-                    S.promote(con, pid, actor="canary", reason=d.reasons[0], evidence=evidence, dagster_run_id=run_id)
-                elif d.action == "rollback":
-                    S.abort_canary(con, pid, actor="canary", reason="; ".join(d.reasons), evidence=evidence,
-                                   dagster_run_id=run_id)
-        final = S.current_state(con, pid)
-        rows = S.history(con, pid)
-        new_champ = S.current_champion(con)
-    with wh.connect() as con:
-        moved = R.apply(con, client, config.registered_model)
-    aliases = R.current_aliases(client, config.registered_model)
-    context.log.info(f"promotion {pid}: {report.verdict} -> {final.value}; aliases {aliases}")
+        out = advance(con, report, inputs, gate_policy=gate_policy, canary_policy=canary_policy,
+                      owner=config.owner or context.run.tags.get("ratchet/owner"), canary_skip=config.canary_skip,
+                      model=model, actor=f"dagster:{context.run_id}", dagster_run_id=context.run_id)
+        moved = registry.apply(con, client, config.registered_model)
+    if out.refused:
+        context.log.warning(out.refused)
+    aliases = registry.current_aliases(client, config.registered_model)
+    context.log.info(f"promotion {out.promotion_id}: {report.verdict} -> {out.state.value}; aliases {aliases}")
     return dg.MaterializeResult(metadata={
-        "promotion_id": pid, "verdict": report.verdict, "state": final.value,
-        "candidate": f"{cand['policy_id']}@{cand['checkpoint_version'] or '-'}",
-        "champion_evaluated_against": f"{champ['policy_id']}@{champ['checkpoint_version'] or '-'}"
-                                      + ("" if champ["promotion_id"] else " (baseline)"),
-        "champion_now": (f"{new_champ['policy_id']}@{new_champ['checkpoint_version'] or '-'}" if new_champ
-                         else f"{config.baseline_policy_id} (baseline)"),
+        "promotion_id": out.promotion_id, "verdict": report.verdict, "state": out.state.value,
+        "candidate": cand, "champion_evaluated_against": champ,
+        "champion_now": label(out.champion) if out.champion else f"{config.baseline_policy_id} (baseline)",
         "failing_gates": dg.MetadataValue.json(report.failed),
         "report": dg.MetadataValue.md(report.to_markdown()),
         "history": dg.MetadataValue.md(md_table(["seq", "state", "from", "actor", "reason"], [
-            (r["seq"], r["state"], r["previous_state"] or "", r["actor"], r["reason"]) for r in rows])),
-        "canary": canary_note or "not reached",
-        "aliases": dg.MetadataValue.json(aliases), "aliases_moved": dg.MetadataValue.json(
-            {k: list(v) for k, v in moved.items()}),
+            (r["seq"], r["state"], r["previous_state"] or "", r["actor"], r["reason"]) for r in out.history])),
+        "canary": out.canary, "owner_refused": out.refused or "",
+        "aliases": dg.MetadataValue.json(aliases),
+        "aliases_moved": dg.MetadataValue.json({k: list(v) for k, v in moved.items()}),
         "model_version": model["model_version"], "policy_file": str(policy_file) if policy_file else "defaults",
-        "candidate_episodes": len(cand_rows), "champion_episodes": len(champ_rows)})
+        "candidate_episodes": len(inputs.candidate_rows), "champion_episodes": len(inputs.champion_rows)})
 
 
 promotion_job = dg.define_asset_job("promotion_job", selection=[promotion], tags={"ratchet/stage": "promotion"},

@@ -85,6 +85,26 @@ def incomplete(candidate_rows: list[dict], champion_rows: list[dict], min_seeds:
     return "; ".join(out) or None
 
 
+def canary_rows(con, cand: Mapping, champ: Mapping, since: datetime, share: float, seed: int):
+    """The canary window: each policy's eval rows on fresh tasks (in no split, not in the holdout)
+    started since the canary began, each arm on the tasks routed to it. Returns (candidate rows,
+    champion rows, the ids of tasks that are in a split)."""
+    from .canary import route
+
+    used: set[str] = set()
+    if has_table(con, "split_assignments"):
+        used |= {r[0] for r in con.execute("SELECT source_id FROM split_assignments WHERE kind = 'task'").fetchall()}
+    if has_table(con, "holdout_manifest"):
+        used |= {r[0] for r in con.execute("SELECT task_id FROM holdout_manifest").fetchall()}
+    out = []
+    for side, arm in ((cand, "candidate"), (champ, "champion")):
+        rows = [r for r in eval_rows(con, side["policy_id"], side["checkpoint_version"])
+                if r["task_id"] not in used and (r.get("started_at") is None or r["started_at"] >= since)]
+        routed = route(sorted({r["task_id"] for r in rows}), share, seed)
+        out.append([r for r in rows if routed[r["task_id"]] == arm])
+    return out[0], out[1], used
+
+
 def judge_kappa(con) -> tuple[float | None, str]:
     if not has_table(con, "judge_calibration"):
         return None, "table judge_calibration does not exist"

@@ -146,7 +146,7 @@ def test_waits_until_every_seed_is_evaluated(env):
     with wh.connect() as con:
         con.execute("DELETE FROM eval_episodes WHERE policy_id = 'embedded:rl' AND checkpoint_version = '1' AND seed > 0")
     m = _meta(_run(env, candidate_policy_id="embedded:rl", candidate_checkpoint_version="1", canary_skip=True))
-    assert m["state"] == "waiting" and "fewer than 3 seeds" in m["waiting_for"]
+    assert m["state"] == "waiting" and "fewer than 3 seeds" in m["verdict"]
     assert wh.query("SELECT count(*) FROM promotions").column(0)[0].as_py() == 0
     T = tasks(80, seed=1)
     with wh.connect() as con:
