@@ -15,8 +15,7 @@ installed here and covers the schema subset the tools use.)
 Termination by construction: free-form parts are bounded in the grammar (thought length,
 `maxLength` on strings, `maxItems` on arrays, a `maximum` on integers) where the tool schema
 leaves them open, so every turn ends within a known number of characters: a random model cannot
-ramble past `max_new_tokens` and leave a truncated (invalid) call. Bounded strings in xgrammar
-admit no escape sequences, so a grammar-decoded string never holds a quote, backslash or newline.
+ramble past `max_new_tokens` and leave a truncated (invalid) call.
 """
 from __future__ import annotations
 

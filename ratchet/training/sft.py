@@ -33,7 +33,7 @@ class SFTSettings:
     batch_size: int = 4
     grad_accum: int = 1
     max_length: int = 4096
-    warmup_ratio: float = 0.05
+    warmup_steps: int = 2
     weight_decay: float = 0.0
     seed: int = 0
     threads: int = 2
@@ -93,7 +93,7 @@ def make_trainer(model, tokenizer, dataset, out_dir: str | Path, settings: SFTSe
     cfg = SFTConfig(
         output_dir=str(out_dir), num_train_epochs=settings.epochs, max_steps=settings.max_steps,
         per_device_train_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum,
-        learning_rate=settings.learning_rate, warmup_ratio=settings.warmup_ratio,
+        learning_rate=settings.learning_rate, warmup_steps=settings.warmup_steps,
         weight_decay=settings.weight_decay, lr_scheduler_type="cosine", logging_steps=settings.logging_steps,
         save_strategy="steps" if settings.save_steps else "no", save_steps=settings.save_steps or 500,
         seed=settings.seed, data_seed=settings.seed, max_length=settings.max_length,
