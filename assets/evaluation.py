@@ -135,6 +135,7 @@ class JudgeCalibrationConfig(dg.Config):
     judge_model: Optional[str] = None
     human_labels_csv: Optional[str] = None   # task_id, explanation, label[, diff, rater, source]
     max_items: int = 600                  # embedded items sampled (seeded) when no CSV is given
+    include_transcripts: bool = True      # also the explanations agents submitted in `trajectories`
     n_boot: int = 2000
     seed: int = 0
 
@@ -150,6 +151,7 @@ def judge_calibration(context: dg.AssetExecutionContext, config: JudgeCalibratio
     row = io.run_judge_calibration(warehouse.get(), judge_config(config.judge, config.judge_base_url,
                                                                 config.judge_model),
                                    human_labels_csv=config.human_labels_csv, max_items=config.max_items,
+                                   include_transcripts=config.include_transcripts,
                                    n_boot=config.n_boot, seed=config.seed, run_id=context.run_id)
     for p in row.pop("problems", [])[:20]:
         context.log.warning(f"human labels: {p}")

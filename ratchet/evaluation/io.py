@@ -111,7 +111,8 @@ def _bundles(con) -> dict:
 
 
 def run_judge_calibration(wh, judge_cfg: dict, *, human_labels_csv: str | None = None, max_items: int = 600,
-                          n_boot: int = 2000, seed: int = 0, run_id: str | None = None) -> dict:
+                          include_transcripts: bool = True, n_boot: int = 2000, seed: int = 0,
+                          run_id: str | None = None) -> dict:
     from ratchet.evaluation import judge_calibration as jc
     from sandboxes.verifiers.judge import make_judge
 
@@ -127,6 +128,13 @@ def run_judge_calibration(wh, judge_cfg: dict, *, human_labels_csv: str | None =
             problems.append(f"{len(unknown)} labelled task(s) not in the tasks table, left out (e.g. {unknown[:3]})")
     else:
         items, source = jc.embedded_items(bundles.values(), seed=seed, max_items=max_items), "embedded:ground_truth"
+        if include_transcripts:
+            with wh.connect() as con:
+                recs = tables.fetch(con, "SELECT task_id, messages, patch, agent_id FROM trajectories "
+                                         "WHERE task_id IN (SELECT task_id FROM tasks) ORDER BY record_id")
+            logged = jc.transcript_items(recs, bundles)
+            if logged:
+                items, source = items + logged, f"embedded:ground_truth+{len(logged)} transcripts"
     row, _ = jc.calibrate(make_judge(judge_cfg), items, bundles, gold_source=source, n_boot=n_boot, seed=seed)
     row.update(computed_at=datetime.now(timezone.utc), dagster_run_id=run_id)
     with wh.connect() as con:

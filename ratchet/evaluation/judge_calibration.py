@@ -8,7 +8,8 @@ Gold labels, two sources:
   the operator's precise name ("off-by-one" for +-1 constants, "swapped arguments"). Written
   apart from the judges, from sandboxes.humaneval's recorded `root_cause` (function, line,
   line_text, original, mutated, operator). Items are explanations of several kinds per task
-  (`embedded_items`), the diff is the recorded fix;
+  (`embedded_items`, the diff is the recorded fix) plus the explanations agents actually
+  submitted in logged runs of suite tasks (`transcript_items`, with their patches);
 * human labels from a CSV (`load_human_labels`): task_id, explanation, optional diff/patch,
   label (1/0, yes/no, true/false), optional rater; several raters of one item -> the majority.
 
@@ -138,6 +139,39 @@ def embedded_items(bundles: Iterable, *, seed: int = 0, max_items: int | None = 
         keep = set(rng.sample(tasks, max(1, max_items // per)))
         items = [i for i in items if i.task_id in keep]
     return items
+
+
+def _submitted_explanation(messages) -> str | None:
+    import json
+
+    msgs = json.loads(messages) if isinstance(messages, str) else (messages or [])
+    for m in reversed(msgs):
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function") or {}
+            if fn.get("name") == "submit":
+                args = fn.get("arguments")
+                try:
+                    args = json.loads(args) if isinstance(args, str) else (args or {})
+                except ValueError:
+                    return None
+                return str(args.get("explanation") or "") if isinstance(args, dict) else None
+    return None
+
+
+def transcript_items(records: Iterable[Mapping], bundles: Mapping[str, object]) -> list[Item]:
+    """Items from logged agent runs (trajectories rows: task_id, messages, patch, agent_id) of
+    tasks with recorded ground truth: the explanation the agent submitted, its patch, gold by the
+    rule. Real agent wording, beside the templated kinds."""
+    out = []
+    for r in records:
+        b = bundles.get(r.get("task_id"))
+        expl = _submitted_explanation(r.get("messages")) if b is not None else None
+        if expl is None:
+            continue
+        g = gold_root_cause(b, expl)
+        if g is not None:
+            out.append(Item(r["task_id"], "transcript", expl, r.get("patch") or "", g, r.get("agent_id") or ""))
+    return out
 
 
 _TRUE, _FALSE = {"1", "yes", "y", "true", "t", "accept"}, {"0", "no", "n", "false", "f", "reject"}

@@ -148,3 +148,22 @@ def test_a_judge_outage_is_an_infra_failure_of_the_episode(suite_tasks):
     row = run_policy_episode("scripted:expert", "", suite_tasks[0], 0,
                              judge=OpenAIJudge("http://127.0.0.1:9/v1", "m", timeout_s=2))
     assert row["outcome"] == "infra_failure" and row["reward"] is None
+
+
+def test_items_from_logged_agent_runs(suite_tasks, bundles):
+    import json as _json
+
+    from sandboxes.agents import run_agent
+
+    b = suite_tasks[0]
+    runs = [run_agent(a, b, seed=0) for a in ("expert", "noisy")]
+    recs = [{"task_id": b.task_id, "messages": _json.dumps(r.messages), "patch": r.patch, "agent_id": r.agent_id}
+            for r in runs] + [{"task_id": "unknown-task", "messages": "[]", "patch": "", "agent_id": "x"}]
+    items = jc.transcript_items(recs, bundles)
+    assert [i.source for i in items] == [r.agent_id for r in runs] and all(i.kind == "transcript" for i in items)
+    assert items[0].explanation == runs[0].explanation and items[1].explanation == runs[1].explanation
+    # the expert fixed this one with an equivalent edit ("insert `not`") instead of naming the
+    # planted token: gold requires the wrong token or its fix, so the rule says 0 here
+    rc = b.metadata["root_cause"]
+    assert all(i.gold == jc.gold_root_cause(b, i.explanation) for i in items)
+    assert (f"`{rc['mutated'].strip()}`" in items[0].explanation) == bool(items[0].gold)
