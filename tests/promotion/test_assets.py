@@ -37,12 +37,6 @@ def test_defs_load_without_heavy_imports():
     assert merged.resolve_job_def("promotion_job").name == "promotion_job"
 
 
-@pytest.fixture(scope="module")
-def mlflow_uri(tmp_path_factory):
-    """One MLflow store for the module (creating one costs ~10 s); each test its own model name."""
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-
-
 def _env(root, uri, model):
     return {"warehouse": WarehouseResource(home=str(root)), "tracking": MlflowTracking(home=str(root), tracking_uri=uri),
             "root": root, "model": model}

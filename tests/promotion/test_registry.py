@@ -13,9 +13,8 @@ pytestmark = pytest.mark.promotion
 
 
 @pytest.fixture(scope="module")
-def mlflow_client(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mlflow")
-    return R.client(f"sqlite:///{root / 'mlflow.db'}")
+def mlflow_client(mlflow_uri):
+    return R.client(mlflow_uri)
 
 
 @pytest.fixture
