@@ -205,8 +205,10 @@ def record_evaluation(con, report, *, promotion_id: str | None = None, actor: st
     later approval is checked against."""
     rep = report if isinstance(report, Mapping) else report.to_dict()
     c, k = rep["candidate"], rep["champion"]
+    # The champion's promotion id is part of the key: the same evaluation judged against another
+    # reign of the champion (after a rollback and a re-promotion) is another decision.
     pid = promotion_id or promotion_key(c["policy_id"], c["checkpoint_version"], c.get("eval_run_ids", ()),
-                                        f"{k['policy_id']}@{k['checkpoint_version']}")
+                                        f"{k['policy_id']}@{k['checkpoint_version']}#{champion_promotion_id or 'baseline'}")
     return transition(
         con, pid, State.EVALUATED, actor=actor, reason=f"gates: {rep['verdict']}", evidence=rep,
         failing_gates=rep["failed"], verdict=rep["verdict"], dagster_run_id=dagster_run_id, now=now, model=model,
