@@ -174,8 +174,8 @@ PINNED = [
     (ob.format_source("a.py", [], 1, 0), "(a.py is empty)"),
     (ob.format_test_summary(_report({"t.py::a": "passed", "t.py::b": "failed"}, timed_out=True, fault="boom",
                                     output="E assert 0"), 10_000),
-     "1 failed, 1 passed [timed out]\nthe test run crashed (caused by the code under test): boom\n"
-     "FAILED t.py::b\n\n--- pytest output (tail) ---\nE assert 0"),
+     ("1 failed, 1 passed [timed out]\nthe test run crashed (caused by the code under test): boom\n"
+      "FAILED t.py::b\n\n--- pytest output (tail) ---\nE assert 0")),
     (ob.format_test_summary(_report({}), 10_000), "no tests ran"),
     (ob.format_localize("ochiai", 2, [("a.py", 3, 0.5, "x < y"), ("b.py", 10, float("inf"), "")]),
      "suspicious lines (ochiai; 2 failing test(s)):\n 1. a.py:3  score=0.500  | x < y\n 2. b.py:10  score=inf  | "),
