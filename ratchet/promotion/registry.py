@@ -32,6 +32,17 @@ def _q(v: str) -> str:
     return v.replace("'", "\\'")
 
 
+def _artifacts(c, experiment: str) -> str | None:
+    """Artifacts beside a sqlite store (`<store dir>/artifacts/<experiment>`), never MLflow's default
+    `./mlruns` under whatever the working directory is. Other stores keep their own default."""
+    from pathlib import Path
+
+    uri = str(c.tracking_uri)
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri[len("sqlite:///"):]).parent / "artifacts" / experiment.replace("/", "_")).as_uri()
+
+
 def find_version(c, policy_id: str, checkpoint_version: str, model_name: str = MODEL_NAME) -> str | None:
     """The newest registered version tagged with this policy and checkpoint, if any."""
     from mlflow.exceptions import MlflowException
@@ -64,7 +75,7 @@ def ensure_version(c, policy_id: str, checkpoint_version: str, *, model_name: st
     run_id = None
     if source is None:
         exp = c.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else c.create_experiment(experiment)
+        exp_id = exp.experiment_id if exp else c.create_experiment(experiment, artifact_location=_artifacts(c, experiment))
         run = c.create_run(exp_id, run_name=f"register {policy_id}@{checkpoint_version or '-'}",
                            tags={_POLICY_TAG: policy_id, _VERSION_TAG: checkpoint_version or ""})
         c.log_dict(run.info.run_id, {"policy_id": policy_id, "checkpoint_version": checkpoint_version or "",

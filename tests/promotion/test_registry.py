@@ -1,4 +1,6 @@
 """MLflow registry aliases follow the promotions table, on a real sqlite MLflow store."""
+from pathlib import Path
+
 import duckdb
 import pytest
 
@@ -38,6 +40,9 @@ def test_versions_are_registered_once_with_a_logged_artifact(mlflow_client):
     mv = c.get_model_version(name, v1)
     assert mv.tags["ratchet.checkpoint_version"] == "1" and mv.run_id
     assert [a.path for a in c.list_artifacts(mv.run_id, "policy")] == ["policy/policy.json"]
+    # artifacts live beside the store, not in ./mlruns under the working directory
+    store = Path(c.tracking_uri[len("sqlite:///"):]).parent
+    assert c.get_run(mv.run_id).info.artifact_uri.startswith((store / "artifacts").as_uri())
 
 
 def test_aliases_move_with_the_state_and_rollback_restores_in_one_step(mlflow_client, con):
