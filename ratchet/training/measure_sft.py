@@ -33,12 +33,16 @@ def _expert_runs(tasks, limit):
 
 
 def main(argv=None) -> int:
+    from ratchet.training.sft import SFTSettings as SFT_DEFAULTS
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", type=int, default=30)
     ap.add_argument("--tasks", type=int, default=40)
     ap.add_argument("--trajectories", default=None)
     ap.add_argument("--epochs", type=float, default=3.0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=SFT_DEFAULTS.learning_rate)
+    ap.add_argument("--batch", type=int, default=SFT_DEFAULTS.batch_size)
     ap.add_argument("--out", default="/tmp/ratchet-sft-measure")
     a = ap.parse_args(argv)
 
@@ -70,9 +74,15 @@ def main(argv=None) -> int:
         rows = [{**r, "record_id": r.get("record_id") or f"f-{i:03d}", "tools": r.get("tools") or TOOL_SCHEMAS,
                  "consent_id": "measure"} for i, r in enumerate(rows)
                 if r.get("accepted") and r["task_id"] in train_ids]
-    else:
-        rows = _expert_runs(train, a.tasks)
-    res = train_sft(base, rows, Path(a.out) / "sft", SFTSettings(epochs=a.epochs, threads=a.threads))
+    else:          # the expert's runs are cached beside the output (re-running them costs minutes)
+        cache = Path(a.out) / f"expert-{a.problems}-{a.tasks}.jsonl"
+        if cache.exists():
+            rows = [json.loads(x) for x in cache.read_text().splitlines()]
+        else:
+            rows = _expert_runs(train, a.tasks)
+            cache.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = train_sft(base, rows, Path(a.out) / "sft", SFTSettings(epochs=a.epochs, threads=a.threads,
+                                                                      learning_rate=a.lr, batch_size=a.batch))
     model, tok = load_policy(res.checkpoint)
     hits = 0
     for b in held[:20]:
