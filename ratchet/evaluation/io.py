@@ -11,10 +11,15 @@ from typing import Mapping, Sequence
 from ratchet.evaluation import tables
 
 
-def _current_sha(con, manifest_path) -> str:
-    from ratchet.evaluation.runner import holdout_plan
+def _current_holdout(con, manifest_path) -> tuple[str, int]:
+    """(sha256, task count) of the verified, locked holdout."""
+    from ratchet.governance.holdout import holdout_state
+    from ratchet.governance.manifest import ManifestError
 
-    return holdout_plan(con, manifest_path, task_limit=1).holdout_sha256
+    state = holdout_state(con, manifest_path)
+    if not state.locked:
+        raise ManifestError(f"no locked holdout at {manifest_path}: nothing to summarise")
+    return state.manifest.sha256, len(state.manifest.task_ids)
 
 
 def split_policy(policy_id: str) -> str:
@@ -61,10 +66,12 @@ def run_holdout_eval(wh, manifest_path, policy_id: str, seed: int, *, workers: i
             "holdout_sha256": plan.holdout_sha256, "eval_run_id": run.eval_run_id}
 
 
-def current_episodes(con, manifest_path) -> list[dict]:
-    """eval_episodes rows of the currently locked holdout (other holdout versions are not mixed)."""
+def current_episodes(con, manifest_path) -> tuple[list[dict], int]:
+    """eval_episodes rows of the currently locked holdout (other holdout versions are not mixed)
+    and the holdout's size."""
     tables.ensure(con)
-    return tables.episode_rows(con, where="holdout_sha256 = ?", params=[_current_sha(con, manifest_path)])
+    sha, n = _current_holdout(con, manifest_path)
+    return tables.episode_rows(con, where="holdout_sha256 = ?", params=[sha]), n
 
 
 def build_summary(wh, manifest_path, *, baseline_policy_id: str | None, n_boot: int = 2000, ci_seed: int = 0,
@@ -72,9 +79,9 @@ def build_summary(wh, manifest_path, *, baseline_policy_id: str | None, n_boot: 
     from ratchet.evaluation.summary import summary_rows
 
     with wh.connect() as con:
-        eps = current_episodes(con, manifest_path)
+        eps, n_holdout = current_episodes(con, manifest_path)
     rows = summary_rows(eps, baseline_policy_id=baseline_policy_id, n_boot=n_boot, ci_seed=ci_seed,
-                        run_id=run_id)
+                        run_id=run_id, holdout_tasks=n_holdout)
     with wh.connect() as con:
         tables.replace_rows(con, "eval_summary", rows)        # recomputed whole from eval_episodes
     return rows
@@ -88,7 +95,7 @@ def build_economics(wh, manifest_path, card, *, baseline_policy_id: str | None, 
     from ratchet.evaluation.economics import economics_row, policy_costs
 
     with wh.connect() as con:
-        eps = current_episodes(con, manifest_path)
+        eps, _ = current_episodes(con, manifest_path)
     costs = policy_costs(eps, card, training)
     base = next((c for c in costs if c.policy_id == baseline_policy_id), None)
     now = datetime.now(timezone.utc)

@@ -102,10 +102,11 @@ def _value(r: Mapping, dim: str) -> str:
 def summary_rows(rows: Sequence[Mapping], *, baseline_policy_id: str | None = None,
                  baseline_rows: Sequence[Mapping] | None = None, dimensions: Sequence[str] = DIMENSIONS,
                  n_boot: int = stats.N_BOOT, ci_seed: int = 0, run_id: str | None = None,
-                 computed_at: datetime | None = None) -> list[dict]:
+                 computed_at: datetime | None = None, holdout_tasks: int | None = None) -> list[dict]:
     """eval_summary rows for every (policy_id, checkpoint_version) in `rows`: one "all" row and
     one per slice value of each dimension. The baseline's rows come from `rows` (its policy id)
-    or `baseline_rows`; the baseline itself gets no difference."""
+    or `baseline_rows`; the baseline itself gets no difference. `holdout_tasks`: the locked
+    holdout's size; an "all" row covering fewer tasks says so in its display."""
     at = computed_at or datetime.now(timezone.utc)
     groups: dict[tuple, list] = defaultdict(list)
     for r in rows:
@@ -128,6 +129,11 @@ def summary_rows(rows: Sequence[Mapping], *, baseline_policy_id: str | None = No
                 b_sub = None if b_all is None else [r for r in b_all if _value(r, dim) == v]
                 parts.append((dim, v, sub, b_sub))
         for dim, v, sub, b_sub in parts:
-            out.append({**head, "dimension": dim, "slice_value": v, "environment_digest": suite_digest(sub),
-                        **summarise_rows(sub, b_sub, n_boot=n_boot, ci_seed=ci_seed)})
+            row = {**head, "dimension": dim, "slice_value": v, "environment_digest": suite_digest(sub),
+                   **summarise_rows(sub, b_sub, n_boot=n_boot, ci_seed=ci_seed), "holdout_tasks": None}
+            if dim == "all" and holdout_tasks:
+                row["holdout_tasks"] = holdout_tasks
+                if row["tasks"] < holdout_tasks:    # a partial run must not read as the holdout's result
+                    row["pass_rate_display"] += f" (only {row['tasks']:,} of {holdout_tasks:,} holdout tasks evaluated)"
+            out.append(row)
     return out

@@ -44,7 +44,7 @@ NON_REPRODUCIBLE = ("eval_run_id", "latency_s", "sandbox_s", "policy_s", "cost_u
 EVAL_SUMMARY = _schema(
     ("computed_at", TS), ("dagster_run_id", S), ("policy_id", S), ("checkpoint_version", S),
     ("dimension", S), ("slice_value", S), ("environment_digest", S), ("holdout_sha256", S),
-    ("seeds", pa.list_(I)), ("tasks", I), ("tasks_scored", I), ("tasks_passed", I), ("tasks_infra", I),
+    ("seeds", pa.list_(I)), ("holdout_tasks", I), ("tasks", I), ("tasks_scored", I), ("tasks_passed", I), ("tasks_infra", I),
     ("pass_rate", F), ("pass_rate_ci_lo", F), ("pass_rate_ci_hi", F), ("pass_rate_display", S),
     ("episodes", I), ("episodes_scored", I), ("episodes_infra", I), ("episodes_passed", I),
     ("seed_pass_rates", S, JSON), ("seed_std", F), ("seed_range", F),

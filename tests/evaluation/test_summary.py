@@ -84,3 +84,11 @@ def test_per_slice_rows_for_every_dimension_and_schema():
 def test_display_plural():
     assert display(310, 400, 0) == "310 / 400 tasks"
     assert display(1310, 1400, 2) == "1,310 / 1,400 tasks; 2 tasks infra-failed, excluded"
+
+
+def test_a_partial_run_says_so():
+    rows = summary_rows(CAND + BASE, baseline_policy_id="base", n_boot=100, holdout_tasks=400)
+    r = _get(rows, "base")
+    assert r["holdout_tasks"] == 400
+    assert r["pass_rate_display"] == "3 / 4 tasks (only 4 of 400 holdout tasks evaluated)"
+    assert _get(summary_rows(BASE, holdout_tasks=4), "base")["pass_rate_display"] == "3 / 4 tasks"
