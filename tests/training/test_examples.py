@@ -81,3 +81,11 @@ def test_sampled_token_ids_are_kept_unchanged(tokenizer, tools):
     assert [t for t, m in zip(ex["input_ids"], ex["assistant_masks"]) if m] == sampled
     plain = to_training_example(msgs, tools, tokenizer)
     assert [t for t, m in zip(plain["input_ids"], plain["assistant_masks"]) if m] != sampled
+
+
+def test_without_tool_schemas_every_turn_trains(tokenizer):
+    """No offered schemas, nothing to check a call against: every assistant turn is in the loss."""
+    turns = [m for m in prepare(MULTI, None) if m["role"] == "assistant"]
+    assert all(m.get("train", True) for m in turns) and len(turns) == 3
+    ex = to_training_example(MULTI, None, tokenizer)
+    assert tokenizer.decode([t for t, m in zip(ex["input_ids"], ex["assistant_masks"]) if m]).count(IM_END) == 3

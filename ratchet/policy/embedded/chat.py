@@ -108,7 +108,8 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
     """Stored messages -> template input: text content, canonical call arguments, clipped tool
     output, and `train: False` on assistant turns holding a call the offered schemas do not allow
     (the grammar could never emit it, so the loss must not teach it; `train_invalid_calls` keeps
-    them). A turn whose call is invalid keeps its raw argument text, as logged."""
+    them). A turn whose call is invalid keeps its raw argument text, as logged. Without `tools`
+    nothing can be checked: calls are rendered as logged and every turn trains."""
     schemas = _functions(tools)
     out = []
     for m in messages:
@@ -118,9 +119,10 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
             for c in m.get("tool_calls") or ():
                 fn = c.get("function") or {}
                 name, raw = fn.get("name") or "", fn.get("arguments")
-                args = canonical_arguments(name, raw, schemas)
-                if args is None:
+                args = canonical_arguments(name, raw, schemas) if tools else None
+                if args is None and tools:
                     ok = False
+                if args is None:
                     args = raw if isinstance(raw, str) else json.dumps(raw)
                 calls.append({"type": "function", "function": {"name": name, "arguments": args}})
             msg = {"role": "assistant", "content": _text(m.get("content")).strip(), "tool_calls": calls}
