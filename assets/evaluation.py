@@ -194,7 +194,8 @@ class EconomicsConfig(dg.Config):
     production_n: int = 10_000            # accepted runs the training investment is spread over
     include_warm_start: bool = False      # count the warm start (SFT before RL) in amortisation
     baseline_policy_id: str = "harness:sbfl"
-    training_json: str = "{}"             # policy id -> {"usd"} or {"cpu_s", "gpu_s"}, "warm_start_usd"
+    checkpoints_json: str = "{}"          # policy id -> checkpoint folder (measured compute in ratchet_checkpoint.json)
+    training_json: str = "{}"             # overrides: policy id -> {"usd"} or {"cpu_s", "gpu_s"}, "warm_start_usd"
     manifest_path: Optional[str] = None
 
 
@@ -212,7 +213,8 @@ def economics(context: dg.AssetExecutionContext, config: EconomicsConfig,
     rows = io.build_economics(warehouse.get(), _manifest_path(warehouse, config.manifest_path),
                               _card(config.rate_card_path), baseline_policy_id=config.baseline_policy_id,
                               production_n=config.production_n, include_warm_start=config.include_warm_start,
-                              training=json.loads(config.training_json), run_id=context.run_id)
+                              training=json.loads(config.training_json),
+                              checkpoints=json.loads(config.checkpoints_json), run_id=context.run_id)
     table = md_table(["policy", "accepted", "variable / accepted", "training", "sample-amortised",
                       f"at {config.production_n:,}", "break-even"],
                      [(r["policy_id"], f"{r['accepted_runs']} / {r['episodes']}", r["variable_per_accepted"],

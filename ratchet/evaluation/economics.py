@@ -110,6 +110,27 @@ def training_investment(card: RateCard, *, cpu_s: float = 0.0, gpu_s: float = 0.
     return cpu_s * card.cpu_hour_usd / 3600 + gpu_s * card.gpu_hour_usd / 3600
 
 
+CHECKPOINT_META = "ratchet_checkpoint.json"    # written by ratchet.training next to the weights
+
+
+def checkpoint_investment(card: RateCard, folder: str | Path, _depth: int = 0) -> dict:
+    """A checkpoint's training investment from the compute its trainer measured (`cpu_s`, and
+    `gpu_s` where a GPU was used, in ratchet_checkpoint.json) priced by the card; the chain of
+    parents it was warm-started from is the `warm_start_usd`. A folder without the file (a base
+    model) cost nothing here."""
+    import json
+
+    meta_path = Path(folder) / CHECKPOINT_META
+    if _depth > 16 or not meta_path.exists():
+        return {"usd": 0.0, "warm_start_usd": 0.0, "cpu_s": 0.0, "gpu_s": 0.0, "stage": None}
+    meta = json.loads(meta_path.read_text())
+    cpu_s, gpu_s = float(meta.get("cpu_s") or 0.0), float(meta.get("gpu_s") or 0.0)
+    parent = checkpoint_investment(card, meta["parent"], _depth + 1) if meta.get("parent") else None
+    return {"usd": training_investment(card, cpu_s=cpu_s, gpu_s=gpu_s),
+            "warm_start_usd": (parent["usd"] + parent["warm_start_usd"]) if parent else 0.0,
+            "cpu_s": cpu_s, "gpu_s": gpu_s, "stage": meta.get("stage")}
+
+
 @dataclass(frozen=True)
 class PolicyCost:
     policy_id: str

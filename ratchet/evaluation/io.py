@@ -89,14 +89,17 @@ def build_summary(wh, manifest_path, *, baseline_policy_id: str | None, n_boot: 
 
 def build_economics(wh, manifest_path, card, *, baseline_policy_id: str | None, production_n: int = 10_000,
                     include_warm_start: bool = False, training: Mapping | None = None,
-                    run_id: str | None = None) -> list[dict]:
+                    checkpoints: Mapping[str, str] | None = None, run_id: str | None = None) -> list[dict]:
+    """`checkpoints`: policy id -> checkpoint folder; its measured training compute (and its
+    warm-start chain) is priced by the card. `training` entries (usd / cpu_s / gpu_s) win."""
     import json
 
-    from ratchet.evaluation.economics import economics_row, policy_costs
+    from ratchet.evaluation.economics import checkpoint_investment, economics_row, policy_costs
 
     with wh.connect() as con:
         eps, _ = current_episodes(con, manifest_path)
-    costs = policy_costs(eps, card, training)
+    measured = {pid: checkpoint_investment(card, folder) for pid, folder in (checkpoints or {}).items()}
+    costs = policy_costs(eps, card, {**measured, **(training or {})})
     base = next((c for c in costs if c.policy_id == baseline_policy_id), None)
     now = datetime.now(timezone.utc)
     rows = [{**economics_row(c, base, production_n=production_n, include_warm_start=include_warm_start),

@@ -90,3 +90,18 @@ def test_policy_costs_from_rows():
     assert (pc.episodes, pc.accepted) == (4, 2)
     assert pc.variable_usd == pytest.approx(4 * 0.001)       # infra failure paid too
     assert pc.training_usd == pytest.approx(3.6)
+
+
+def test_training_investment_from_measured_checkpoint_compute(tmp_path):
+    import json
+
+    card = ec.RateCard(cpu_hour_usd=3.6, gpu_hour_usd=36.0)
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / ec.CHECKPOINT_META).write_text(json.dumps(
+        {"stage": "sft", "parent": str(tmp_path / "base"), "cpu_s": 1000.0}))
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / ec.CHECKPOINT_META).write_text(json.dumps(
+        {"stage": "grpo", "parent": str(tmp_path / "sft"), "cpu_s": 2000.0, "gpu_s": 100.0}))
+    rl = ec.checkpoint_investment(card, tmp_path / "rl")
+    assert rl["usd"] == pytest.approx(2.0 + 1.0) and rl["warm_start_usd"] == pytest.approx(1.0)
+    assert ec.checkpoint_investment(card, tmp_path / "base")["usd"] == 0.0     # a base model: no training
