@@ -11,7 +11,8 @@ export PYTHONHASHSEED := 0
 
 # System packages: bubblewrap isolates sandbox episodes (installed once, needs root/apt).
 # docker.io + debootstrap give the Docker runtime an engine and a base image built offline;
-# they are optional: where they cannot be installed the Docker tests skip and say why.
+# they are optional: where they cannot be installed the Docker tests skip and say why. chromium
+# drives the Dagster UI in a headless browser test (also optional, skips with the reason).
 sysdeps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
@@ -20,6 +21,10 @@ sysdeps:
 	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null; } \
 	    || echo "warning: could not install docker.io/debootstrap: the Docker sandbox tests will skip" >&2; \
 	  else echo "note: docker.io/debootstrap are missing ('sudo apt-get install docker.io debootstrap'): the Docker sandbox tests will skip" >&2; fi; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+	    || echo "warning: could not install chromium: the browser test of the Dagster UI will skip" >&2; \
+	  else echo "note: chromium is missing ('sudo apt-get install chromium chromium-driver'): the UI browser test will skip" >&2; fi; }
 
 # A Docker engine (dockerd started, no bridge network, when none answers) and the sandbox base
 # image (debootstrap + docker import, built once per machine, ~1 min). Never fails the build:
