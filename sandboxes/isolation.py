@@ -23,6 +23,10 @@ Infra failures (bwrap could not set up the namespace) are reported in
 `ExecResult.infra_error`; a command that exits non-zero is a policy failure, not an infra one.
 Whether an infra-looking failure was really the harness's is decided outside the sandbox
 (`sandboxes.attribution`).
+
+Why one module over 400 lines: the bwrap argument list, the rlimits applied in `_preexec`, the
+uid drop and the runner that waits on them are one security boundary; reviewing it means reading
+how each piece closes what the others leave open, so it stays in one file.
 """
 from __future__ import annotations
 
