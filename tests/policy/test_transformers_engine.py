@@ -111,3 +111,29 @@ def test_prompt_extends_the_sampled_ids(tiny):
     assert [lp for lp, m in zip(seq["logprobs"], seq["env_mask"]) if m] == c1.logprobs + c2.logprobs
     turns[1].prompt_ids = c2.prompt_ids[1:]          # a prompt that does not extend the last turn
     assert training_sequence(turns) is None
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_prefix_cache_prefills_only_new_tokens_and_changes_nothing(tiny, temperature):
+    """Over three turns of five conversations, keeping each episode's KV cache between turns gives
+    the same ids and logprobs as re-reading the whole prompt, while prefilling far fewer tokens."""
+    outs, stats = {}, {}
+    for size in (0, 64):
+        p = TransformersPolicy(*tiny, prefix_cache=size)
+        convs = [[SYS, {"role": "user", "content": "fix add " + "x" * (7 * i)}] for i in range(5)]
+        prev, got = [None] * 5, []
+        for turn in range(3):
+            reqs = [GenerationRequest(c, seed=10 * i + turn, max_tokens=4 + 3 * i, temperature=temperature,
+                                      prefix_ids=pv) for i, (c, pv) in enumerate(zip(convs, prev))]
+            for i, [c] in enumerate(p.generate(reqs)):
+                got.append(c)
+                convs[i] = convs[i] + [{"role": "assistant", "content": c.text},
+                                       {"role": "tool", "tool_call_id": "c", "name": "run_tests", "content": f"obs {turn}"}]
+                prev[i] = c.prompt_ids + c.token_ids
+        outs[size], stats[size] = got, p.stats
+    for a, b in zip(outs[0], outs[64]):
+        assert a.prompt_ids == b.prompt_ids and a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    assert stats[0]["cached_tokens"] == 0 and stats[64]["cached_tokens"] > 0
+    assert stats[64]["prefill_tokens"] + stats[64]["cached_tokens"] == stats[0]["prefill_tokens"]
+    assert stats[64]["prefill_tokens"] < stats[0]["prefill_tokens"] / 2

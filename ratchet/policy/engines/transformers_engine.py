@@ -22,6 +22,7 @@ and what a trainer sees are the same ids, never a re-tokenisation of sampled tex
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +61,8 @@ class _Row:
     stop: tuple[str, ...]
     gen: object
     processor: object = None
+    cache: list | None = None          # per layer (keys, values) [heads, cached, dim] of prompt_ids[:cached]
+    cached: int = 0
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     finish: str | None = None
@@ -73,7 +76,7 @@ def sample_seed(seed: int, sample: int) -> int:
 class TransformersPolicy:
     def __init__(self, model, tokenizer, *, policy_id: str = "hf:model", constrained: bool = False,
                  chat: str = "template", max_batch: int = 64, threads: int | None = None,
-                 config: dict | None = None):
+                 grammar: dict | None = None, prefix_cache: int = 64, config: dict | None = None):
         if chat not in ("template", "embedded"):
             raise ValueError(f"chat must be 'template' or 'embedded', got {chat!r}")
         if chat == "template" and not getattr(tokenizer, "chat_template", None):
@@ -81,10 +84,16 @@ class TransformersPolicy:
         self.model, self.tok = model, tokenizer
         self.policy_id, self.constrained, self.chat = policy_id, constrained, chat
         self.max_batch, self.threads = max_batch, threads
+        self.grammar = dict(grammar or {})          # kwargs of tool_call_logits_processor (bounds=...)
+        self.prefix_cache = prefix_cache            # episodes' KV caches kept between turns (0: off)
+        self._kv: OrderedDict = OrderedDict()       # tuple(ids fed) -> per layer (keys, values)
+        self.stats = {"prefill_tokens": 0, "cached_tokens": 0, "decode_steps": 0}
         self.eos_ids = self._eos_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.spec = {"policy_id": policy_id, "engine": "transformers",
                      "config": {"constrained": constrained, "chat": chat, "max_batch": max_batch,
+                                "prefix_cache": prefix_cache,
+                                **({"grammar": {k: repr(v) for k, v in self.grammar.items()}} if grammar else {}),
                                 **(config or {})}}
 
     @classmethod
@@ -142,15 +151,21 @@ class TransformersPolicy:
         if self.threads:
             torch.set_num_threads(self.threads)
         t0 = time.monotonic()
-        rows, prompts = [], []
+        rows, used = [], set()
         for qi, r in enumerate(requests):
             ids = self.prompt_ids(r)
-            prompts.append(ids)
+            key = tuple(r.prefix_ids[:-1]) if r.prefix_ids and ids[:len(r.prefix_ids)] == list(r.prefix_ids) else None
+            cache = self._kv.get(key) if key is not None else None
+            if cache is not None:
+                used.add(key)
             for j in range(r.n):
                 g = torch.Generator().manual_seed(sample_seed(r.seed, j))
                 rows.append(_Row(qi, j, ids, r.temperature, r.top_p, r.max_tokens, r.stop, g,
-                                 self._processor(r.tools) if self.constrained else None))
-        order = sorted(rows, key=lambda x: len(x.prompt_ids))      # less padding per batch
+                                 self._processor(r.tools) if self.constrained else None,
+                                 cache, len(key) if cache is not None else 0))
+        for key in used:                       # each episode moves on: its old entry is spent
+            self._kv.pop(key, None)
+        order = sorted(rows, key=lambda x: len(x.prompt_ids) - x.cached)      # less padding per batch
         for k in range(0, len(order), self.max_batch):
             self._decode(order[k:k + self.max_batch])
         dt = time.monotonic() - t0
@@ -166,7 +181,7 @@ class TransformersPolicy:
 
     def _processor(self, tools):
         from ratchet.policy.grammar import tool_call_logits_processor
-        return tool_call_logits_processor(self.tok, tools, vocab_size=self.model.config.vocab_size)
+        return tool_call_logits_processor(self.tok, tools, vocab_size=self.model.config.vocab_size, **self.grammar)
 
     def _decode_text(self, ids: list[int]) -> str:
         ids = ids[:-1] if ids and ids[-1] in self.eos_ids else ids
@@ -176,29 +191,74 @@ class TransformersPolicy:
         import torch
 
         dev = self.model.device
-        width = max(len(r.prompt_ids) for r in rows)
-        ids = torch.tensor([[self.pad_id] * (width - len(r.prompt_ids)) + r.prompt_ids for r in rows], device=dev)
-        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in rows], device=dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        past = None
+        # Row i = [its cached KV, right-aligned in `wc` columns][its new tokens, left-padded to `wn`]
+        # with mask 0 on the padding; positions continue from the cached length.
+        wc = max(r.cached for r in rows)
+        new = [r.prompt_ids[r.cached:] for r in rows]
+        wn = max(len(x) for x in new)
+        ids = torch.tensor([[self.pad_id] * (wn - len(x)) + x for x in new], device=dev)
+        mask = torch.tensor([[0] * (wc - r.cached) + [1] * r.cached + [0] * (wn - len(x)) + [1] * len(x)
+                             for r, x in zip(rows, new)], device=dev)
+        pos = torch.tensor([[0] * (wn - len(x)) + list(range(r.cached, r.cached + len(x)))
+                            for r, x in zip(rows, new)], device=dev)
+        past, live = self._past(rows, wc), list(rows)
+        self.stats["prefill_tokens"] += sum(map(len, new))
+        self.stats["cached_tokens"] += sum(r.cached for r in rows)
         with torch.inference_mode():
             for _ in range(max(r.max_tokens for r in rows)):
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                                  past_key_values=past, use_cache=True, logits_to_keep=1)
                 past, logits = out.past_key_values, out.logits[:, -1, :].float()
-                nxt = [self._step(r, logits[i]) for i, r in enumerate(rows)]
-                if all(r.finish for r in rows):
+                nxt = [self._step(r, logits[i]) for i, r in enumerate(live)]
+                self.stats["decode_steps"] += 1
+                keep = [i for i, r in enumerate(live) if not r.finish]
+                if self.prefix_cache:
+                    for i, r in enumerate(live):
+                        if r.finish:
+                            self._save(r, past, i, mask[i])
+                if not keep:
                     break
+                if len(keep) < len(live):      # finished rows leave the batch (and the KV cache)
+                    idx = torch.tensor(keep, device=dev)
+                    past.batch_select_indices(idx)
+                    mask, pos = mask[idx], pos[idx]
+                    live, nxt = [live[i] for i in keep], [nxt[i] for i in keep]
                 ids = torch.tensor(nxt, device=dev)[:, None]
-                mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+                mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
                 pos = pos[:, -1:] + 1
 
+    def _past(self, rows: list[_Row], width: int):
+        """A DynamicCache holding each row's cached KV right-aligned in `width` columns."""
+        if width == 0:
+            return None
+        import torch
+        from transformers import DynamicCache
+
+        layers = []
+        for li in range(len(next(r.cache for r in rows if r.cache))):
+            k0, v0 = next(r.cache for r in rows if r.cache)[li]
+            ks = k0.new_zeros((len(rows), k0.shape[0], width, k0.shape[2]))
+            vs = v0.new_zeros((len(rows), v0.shape[0], width, v0.shape[2]))
+            for i, r in enumerate(rows):
+                if r.cached:
+                    ks[i, :, width - r.cached:] = r.cache[li][0]
+                    vs[i, :, width - r.cached:] = r.cache[li][1]
+            layers.append((ks, vs))
+        return DynamicCache(ddp_cache_data=layers)
+
+    def _save(self, r: _Row, past, i: int, mask_row) -> None:
+        """Keep a finished row's KV (every id fed: the prompt and all sampled ids but the last),
+        so the episode's next turn prefills only its new tokens."""
+        keep = mask_row.bool()
+        self._kv[tuple(r.prompt_ids + r.out[:-1])] = [
+            (layer.keys[i][:, keep].clone(), layer.values[i][:, keep].clone()) for layer in past.layers]
+        while len(self._kv) > self.prefix_cache:
+            self._kv.popitem(last=False)
+
     def _step(self, r: _Row, logits) -> int:
-        """Pick row r's next token; returns the token to feed (pad once the row is finished)."""
+        """Pick row r's next token (and record it)."""
         import torch
 
-        if r.finish:
-            return self.pad_id
         scaled = logits / r.temperature if r.temperature > 0 else logits
         logp = torch.log_softmax(scaled, -1)
         pick = scaled

@@ -1,0 +1,163 @@
+"""Rollout bench: episodes/s with batched generation across concurrent episodes vs one episode at
+a time, on the same tasks and seeds, with the same policy.
+
+Baseline: `run_policy_episode` per job, one after another (each turn one `generate` of one
+request). Ours: `run_episodes(concurrency=C)`: up to C episodes open, their sandbox steps in a
+thread pool while the model generates for every waiting episode in one batch. Both are real
+episodes in the bwrap sandbox (reset, tool calls, pristine verification at the end).
+
+Policy: the embedded base policy (`ratchet.policy.embedded.model`, random weights, tokenizer
+trained on train-split problems that are not benched) under the tool-call grammar, sampling at
+temperature 1; `--tiny` uses a 2-layer random Qwen2 with a small local tokenizer, unconstrained.
+Per-row seeded sampling makes both modes sample the same tokens: `identical` says whether every
+episode's transcript matched.
+
+    .venv/bin/python bench/rollout.py [--tasks 12] [--concurrency 12] [--max-turns 3] [--tiny]
+
+The final line is one JSON object; ratio = batched_eps_per_s / sequential_eps_per_s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _tasks(n: int):
+    """n benched tasks (one mutant per problem) and the train-side rows of other problems."""
+    from sandboxes.humaneval import build_suite
+
+    suite = build_suite(seed=0, limit=n + 24, per_problem=1).tasks
+    by_problem = {}
+    for b in suite:
+        by_problem.setdefault((b.metadata or {}).get("problem_id", b.repo), b)
+    bundles = sorted(by_problem.values(), key=lambda b: b.task_id)
+    return bundles[:n], bundles[n:]
+
+
+def _embedded_policy(train, cache: Path, grammar: dict, constrained: bool = True):
+    from ratchet.policy.embedded.corpus import task_texts
+    from ratchet.policy.embedded.model import build_base_policy, load_policy
+    from ratchet.policy.engines.transformers_engine import TransformersPolicy
+    from sandboxes.tools import TOOL_SCHEMAS
+
+    rows = [{"task_id": b.task_id, "split": "train", "repo": b.repo, "issue_id": b.issue_id,
+             "issue_title": b.issue_title, "issue_body": b.issue_body, "solution": b.files.get("solution.py")}
+            for b in train]
+    path = build_base_policy(cache, task_texts(rows, TOOL_SCHEMAS))
+    model, tok = load_policy(path)
+    return TransformersPolicy(model.eval(), tok, policy_id="embedded:base", constrained=constrained,
+                              chat="embedded", grammar=grammar), \
+        {"model": "embedded base_policy (random weights)", "path": str(path), "constrained": constrained}
+
+
+def _tiny_policy():
+    from ratchet.policy.engines.transformers_engine import TransformersPolicy
+    from tests.policy.conftest import tiny_model
+
+    return TransformersPolicy(*tiny_model(), policy_id="hf:tiny"), \
+        {"model": "tiny random Qwen2 (2 layers, hidden 64)", "constrained": False}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", type=int, default=12)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--concurrency", type=int, default=12)
+    ap.add_argument("--max-turns", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: on a shared 2-core machine 2 threads were 8x slower per step)")
+    ap.add_argument("--max-string", type=int, default=None,
+                    help="grammar bound on JSON strings (default: ratchet.policy.grammar.Bounds)")
+    ap.add_argument("--thought-chars", type=int, default=None, help="grammar bound on the thought line")
+    ap.add_argument("--min-batch", type=int, default=None, help="run_episodes min_batch (default: half open)")
+    ap.add_argument("--free", action="store_true", help="the embedded model without the grammar")
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer random model, unconstrained")
+    ap.add_argument("--cache", default=None, help="where the embedded base is built (default: a temp dir)")
+    a = ap.parse_args(argv)
+
+    import torch
+
+    from ratchet.policy import Sampling, run_episodes, run_policy_episode
+    from sandboxes.runtime import LocalRuntime
+
+    torch.set_num_threads(a.threads)
+    bench_tasks, train = _tasks(a.tasks)
+    with tempfile.TemporaryDirectory() as tmp:
+        grammar = {}
+        if a.max_string or a.thought_chars:
+            from dataclasses import replace
+
+            from ratchet.policy.grammar import Bounds
+            b = Bounds()
+            grammar = {"bounds": replace(b, max_string=a.max_string or b.max_string,
+                                         thought_chars=a.thought_chars or b.thought_chars)}
+        policy, info = _tiny_policy() if a.tiny else _embedded_policy(train, Path(a.cache or tmp), grammar,
+                                                                            not a.free)
+        info["grammar"] = repr(grammar.get("bounds", "default bounds")) if info["constrained"] else None
+        params = sum(p.numel() for p in policy.model.parameters())
+        rt = LocalRuntime(Path(tmp) / "rt")
+        sampling = Sampling(temperature=1.0, max_tokens=a.max_tokens)
+        jobs = [(b, a.seed + i) for i, b in enumerate(bench_tasks)]
+        kw = {"runtime": rt, "max_turns": a.max_turns, "sampling": sampling}
+
+        sizes, gen_s = [], [0.0]
+        gen = policy.generate
+
+        def counted(reqs):
+            sizes.append(len(reqs))
+            t = time.monotonic()
+            try:
+                return gen(reqs)
+            finally:
+                gen_s[0] += time.monotonic() - t
+        policy.generate = counted
+        run_policy_episode(policy, *jobs[0], **kw)                  # warm-up (imports, grammar compile)
+        sizes.clear()
+        gen_s[0] = 0.0
+
+        t0 = time.monotonic()
+        seq = [run_policy_episode(policy, b, s, **kw) for b, s in jobs]
+        seq_s = time.monotonic() - t0
+        seq_calls, seq_gen = len(sizes), gen_s[0]
+        sizes.clear()
+        gen_s[0] = 0.0
+        t0 = time.monotonic()
+        bat = run_episodes(policy, jobs, concurrency=a.concurrency, min_batch=a.min_batch, **kw)
+        bat_s, bat_gen = time.monotonic() - t0, gen_s[0]
+
+    same = [x.messages == y.messages and x.reward == y.reward for x, y in zip(seq, bat)]
+    n = len(jobs)
+    turns = sum(r.turns for r in seq)
+    tok_out = sum(r.tokens_out for r in seq)
+    rows = [("sequential (one episode at a time)", seq_s, seq_calls, seq_gen, sum(r.sandbox_s for r in seq)),
+            (f"batched (concurrency {a.concurrency})", bat_s, len(sizes), bat_gen, sum(r.sandbox_s for r in bat))]
+    print(f"rollout bench: {n} episodes x <= {a.max_turns} turns, {info['model']}, {params:,} parameters, "
+          f"constrained={info['constrained']} ({info['grammar']}), temperature 1.0, max_tokens {a.max_tokens}, "
+          f"torch threads {a.threads}")
+    print(f"{'mode':38s} {'wall s':>8s} {'eps/s':>8s} {'generate calls':>15s} {'generate s':>11s} "
+          f"{'sandbox s (sum)':>16s}")
+    for name, wall, calls, g, sb in rows:
+        print(f"{name:38s} {wall:8.2f} {n / wall:8.3f} {calls:15d} {g:11.2f} {sb:16.2f}")
+    print(f"turns {turns}, tokens out {tok_out}, mean batch {sum(sizes) / max(1, len(sizes)):.2f}, "
+          f"max batch {max(sizes or [0])}, outcomes {sorted({r.outcome for r in bat})}, "
+          f"identical transcripts {sum(same)}/{n}")
+    result = {"bench": "rollout", "episodes": n, "max_turns": a.max_turns, "turns": turns, "tokens_out": tok_out,
+              "model": info["model"], "parameters": params, "constrained": info["constrained"], "grammar": info["grammar"], "threads": a.threads,
+              "concurrency": a.concurrency, "ours_eps_per_s": round(n / bat_s, 4),
+              "baseline": "one episode at a time (run_policy_episode)", "baseline_eps_per_s": round(n / seq_s, 4),
+              "mean_batch": round(sum(sizes) / max(1, len(sizes)), 2), "identical": all(same),
+              "identical_episodes": sum(same), "generate_s": round(bat_gen, 2), "baseline_generate_s": round(seq_gen, 2),
+              "generate_ratio": round(seq_gen / bat_gen, 2), "ratio": round(seq_s / bat_s, 2)}
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
