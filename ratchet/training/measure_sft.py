@@ -43,6 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=SFT_DEFAULTS.learning_rate)
     ap.add_argument("--batch", type=int, default=SFT_DEFAULTS.batch_size)
+    ap.add_argument("--no-thoughts", action="store_true", help="train and decode calls only (no text before a call)")
     ap.add_argument("--out", default="/tmp/ratchet-sft-measure")
     a = ap.parse_args(argv)
 
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
     from ratchet.policy.embedded.chat import parse_turn, render
     from ratchet.policy.embedded.corpus import task_texts
     from ratchet.policy.embedded.model import base_manifest, build_base_policy, load_policy
-    from ratchet.policy.grammar import tool_call_logits_processor
+    from ratchet.policy.grammar import Bounds, tool_call_logits_processor
     from ratchet.training.sft import SFTSettings, train_sft
     from sandboxes.env import SYSTEM_PROMPT, user_prompt
     from sandboxes.humaneval import build_suite
@@ -82,14 +83,16 @@ def main(argv=None) -> int:
             rows = _expert_runs(train, a.tasks)
             cache.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = train_sft(base, rows, Path(a.out) / "sft", SFTSettings(epochs=a.epochs, threads=a.threads,
-                                                                      learning_rate=a.lr, batch_size=a.batch))
+                                                                      learning_rate=a.lr, batch_size=a.batch,
+                                                                      thoughts=not a.no_thoughts))
     model, tok = load_policy(res.checkpoint)
     hits = 0
+    bounds = Bounds(thought_chars=0) if a.no_thoughts else Bounds()
     for b in held[:20]:
         msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_prompt(b)}]
         ids = tok(render(msgs, TOOL_SCHEMAS), return_tensors="pt")
         gen = model.generate(**ids, do_sample=True, max_new_tokens=200,
-                             logits_processor=[tool_call_logits_processor(tok, TOOL_SCHEMAS)])
+                             logits_processor=[tool_call_logits_processor(tok, TOOL_SCHEMAS, bounds=bounds)])
         calls = parse_turn(tok.decode(gen[0, ids["input_ids"].shape[1]:]))["tool_calls"]
         hits += bool(calls) and calls[0]["function"]["name"] == "view_issue"
     man = base_manifest(base)

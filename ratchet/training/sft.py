@@ -39,6 +39,7 @@ class SFTSettings:
     threads: int = 2
     logging_steps: int = 1
     save_steps: int = 0                 # 0 = only the final save
+    thoughts: bool = True               # train on the text before each call (False: calls only)
     overrides: dict = field(default_factory=dict)   # passed to trl.SFTConfig as is
 
     def __post_init__(self):
@@ -67,7 +68,7 @@ class SFTResult:
     parent: str
 
 
-def build_dataset(rows: Sequence[Mapping], tokenizer, *, max_length: int | None = None):
+def build_dataset(rows: Sequence[Mapping], tokenizer, *, max_length: int | None = None, **prepare_kw):
     """(datasets.Dataset of input_ids + assistant_masks, record ids in the same order)."""
     from datasets import Dataset
 
@@ -75,7 +76,7 @@ def build_dataset(rows: Sequence[Mapping], tokenizer, *, max_length: int | None 
 
     examples, ids = [], []
     for r in rows:
-        ex = to_training_example(r["messages"], r.get("tools"), tokenizer, max_length=max_length)
+        ex = to_training_example(r["messages"], r.get("tools"), tokenizer, max_length=max_length, **prepare_kw)
         if any(ex["assistant_masks"]):        # a trajectory with no trainable turn teaches nothing
             examples.append(ex)
             ids.append(r["record_id"])
@@ -113,7 +114,7 @@ def train_sft(base: str | Path, rows: Sequence[Mapping], out_dir: str | Path,
 
     if model is None or tokenizer is None:
         model, tokenizer = load_policy(base)
-    dataset, used = build_dataset(rows, tokenizer, max_length=settings.max_length)
+    dataset, used = build_dataset(rows, tokenizer, max_length=settings.max_length, thoughts=settings.thoughts)
     by_id = {r["record_id"]: r for r in rows}
     manifest = data_manifest([by_id[i] for i in used])
     out = Path(out_dir)

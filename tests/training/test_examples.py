@@ -89,3 +89,10 @@ def test_without_tool_schemas_every_turn_trains(tokenizer):
     assert all(m.get("train", True) for m in turns) and len(turns) == 3
     ex = to_training_example(MULTI, None, tokenizer)
     assert tokenizer.decode([t for t, m in zip(ex["input_ids"], ex["assistant_masks"]) if m]).count(IM_END) == 3
+
+
+def test_calls_only_mode_drops_thoughts_from_text_and_loss(tokenizer, tools):
+    ex = to_training_example(MULTI, tools, tokenizer, thoughts=False)
+    trained = tokenizer.decode([t for t, m in zip(ex["input_ids"], ex["assistant_masks"]) if m])
+    assert trained.startswith("<tool_call>") and "Localising." not in tokenizer.decode(ex["input_ids"])
+    assert trained.count("<tool_call>") == 2

@@ -98,3 +98,10 @@ def test_arguments_valid_agrees_with_the_environment(tools):
         except ToolError:
             env_ok = False
         assert arguments_valid(SCHEMAS_BY_NAME[name]["function"]["parameters"], args) == env_ok, (name, args)
+
+
+def test_no_thought_grammar_starts_with_the_call(tiny_model, tokenizer, trajectories, tools):
+    prompt = render(trajectories[0]["messages"][:2], tools)
+    proc = tool_call_logits_processor(tokenizer, tools, bounds=Bounds(thought_chars=0, max_string=24, max_items=2))
+    texts = _sample(tiny_model, tokenizer, prompt, 8, proc)
+    assert all(t.startswith("<tool_call>") and _valid(t, {s["function"]["name"] for s in tools}) for t in texts)

@@ -104,12 +104,13 @@ def _functions(tools: Iterable[dict] | None) -> dict[str, dict]:
 
 
 def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: int | None = MAX_TOOL_CHARS,
-            train_invalid_calls: bool = False) -> list[dict]:
+            train_invalid_calls: bool = False, thoughts: bool = True) -> list[dict]:
     """Stored messages -> template input: text content, canonical call arguments, clipped tool
     output, and `train: False` on assistant turns holding a call the offered schemas do not allow
     (the grammar could never emit it, so the loss must not teach it; `train_invalid_calls` keeps
     them). A turn whose call is invalid keeps its raw argument text, as logged. Without `tools`
-    nothing can be checked: calls are rendered as logged and every turn trains."""
+    nothing can be checked: calls are rendered as logged and every turn trains. `thoughts=False`
+    drops the text before a call (pair it with `Bounds(thought_chars=0)` in the grammar)."""
     schemas = _functions(tools)
     out = []
     for m in messages:
@@ -125,7 +126,8 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
                 if args is None:
                     args = raw if isinstance(raw, str) else json.dumps(raw)
                 calls.append({"type": "function", "function": {"name": name, "arguments": args}})
-            msg = {"role": "assistant", "content": _text(m.get("content")).strip(), "tool_calls": calls}
+            text = _text(m.get("content")).strip() if thoughts or not calls else ""
+            msg = {"role": "assistant", "content": text, "tool_calls": calls}
             if not ok and not train_invalid_calls:
                 msg["train"] = False
             if m.get("token_ids") is not None:
