@@ -69,6 +69,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--sample-seed", type=int, default=0)
     a = ap.parse_args(argv)
 
+    load0 = os.getloadavg()[0]           # the machine is shared: say how busy it was
     with tempfile.TemporaryDirectory(prefix="ratchet-bench-eval-") as tmp:
         os.environ["RATCHET_HOME"] = tmp
         wh, path, tasks = setup(Path(tmp), a.tasks, a.sample_seed)
@@ -111,7 +112,8 @@ def main(argv=None) -> dict:
            "subset_episodes": len(bres.rows), "baseline_subset_wall_s": round(bwall, 1),
            "parallel_subset_wall_s": round(pwall, 1),
            "baseline_wall_s_400x3": round(wall_full * speedup, 1) if speedup else None, "baseline_wall_s_400x3_derived": True,
-           "ratio": round(speedup, 2) if speedup else None}
+           "ratio": round(speedup, 2) if speedup else None,
+           "loadavg_1m_start": round(load0, 2), "loadavg_1m_end": round(os.getloadavg()[0], 2)}
     print(json.dumps(out))
     return out
 
