@@ -40,7 +40,8 @@ def _tasks(n: int):
     return bundles[:n], bundles[n:]
 
 
-def _embedded_policy(train, cache: Path, grammar: dict, constrained: bool = True):
+def _embedded_policy(train, cache: Path, grammar: dict, constrained: bool = True, hidden: int | None = None,
+                     layers: int | None = None):
     from ratchet.policy.embedded.corpus import task_texts
     from ratchet.policy.embedded.model import build_base_policy, load_policy
     from ratchet.policy.engines.transformers_engine import TransformersPolicy
@@ -51,9 +52,19 @@ def _embedded_policy(train, cache: Path, grammar: dict, constrained: bool = True
             for b in train]
     path = build_base_policy(cache, task_texts(rows, TOOL_SCHEMAS))
     model, tok = load_policy(path)
+    name = "embedded base_policy (random weights)"
+    if hidden or layers:              # the same tokenizer and chat format, a wider/deeper random model
+        from dataclasses import replace
+
+        from ratchet.policy.embedded.model import EmbeddedConfig, new_model
+        c = EmbeddedConfig()
+        c = replace(c, hidden_size=hidden or c.hidden_size, intermediate_size=3 * (hidden or c.hidden_size),
+                    num_hidden_layers=layers or c.num_hidden_layers)
+        model = new_model(tok, c)
+        name = f"random Qwen2 (embedded tokenizer, hidden {c.hidden_size}, {c.num_hidden_layers} layers)"
     return TransformersPolicy(model.eval(), tok, policy_id="embedded:base", constrained=constrained,
                               chat="embedded", grammar=grammar), \
-        {"model": "embedded base_policy (random weights)", "path": str(path), "constrained": constrained}
+        {"model": name, "path": str(path), "constrained": constrained}
 
 
 def _tiny_policy():
@@ -78,6 +89,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--thought-chars", type=int, default=None, help="grammar bound on the thought line")
     ap.add_argument("--min-batch", type=int, default=None, help="run_episodes min_batch (default: half open)")
     ap.add_argument("--free", action="store_true", help="the embedded model without the grammar")
+    ap.add_argument("--hidden", type=int, default=None, help="a random model of this width (embedded tokenizer)")
+    ap.add_argument("--layers", type=int, default=None, help="... and this depth")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer random model, unconstrained")
     ap.add_argument("--cache", default=None, help="where the embedded base is built (default: a temp dir)")
     a = ap.parse_args(argv)
@@ -99,7 +112,7 @@ def main(argv=None) -> dict:
             grammar = {"bounds": replace(b, max_string=a.max_string or b.max_string,
                                          thought_chars=a.thought_chars or b.thought_chars)}
         policy, info = _tiny_policy() if a.tiny else _embedded_policy(train, Path(a.cache or tmp), grammar,
-                                                                            not a.free)
+                                                                            not a.free, a.hidden, a.layers)
         info["grammar"] = repr(grammar.get("bounds", "default bounds")) if info["constrained"] else None
         params = sum(p.numel() for p in policy.model.parameters())
         rt = LocalRuntime(Path(tmp) / "rt")

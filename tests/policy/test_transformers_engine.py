@@ -137,3 +137,21 @@ def test_prefix_cache_prefills_only_new_tokens_and_changes_nothing(tiny, tempera
     assert stats[0]["cached_tokens"] == 0 and stats[64]["cached_tokens"] > 0
     assert stats[64]["prefill_tokens"] + stats[64]["cached_tokens"] == stats[0]["prefill_tokens"]
     assert stats[64]["prefill_tokens"] < stats[0]["prefill_tokens"] / 2
+
+
+def test_shared_system_turn_is_prefilled_once(tiny):
+    """A new episode with the same system prompt and tools reuses the system turn's KV."""
+    cold, warm = TransformersPolicy(*tiny, prefix_cache=0), TransformersPolicy(*tiny, prefix_cache=8)
+    first = [GenerationRequest([SYS, {"role": "user", "content": "fix add"}], seed=1, max_tokens=5, temperature=1.0)]
+    warm.generate(first)
+    assert warm.stats["cached_tokens"] == 0
+    later = [GenerationRequest([SYS, {"role": "user", "content": f"fix sub {i}"}], seed=i, max_tokens=5,
+                               temperature=1.0) for i in range(3)]
+    a, b = cold.generate(later), warm.generate(later)
+    assert [c[0].token_ids for c in a] == [c[0].token_ids for c in b]
+    for x, y in zip(a, b):
+        assert y[0].logprobs == pytest.approx(x[0].logprobs, abs=1e-4)
+    tok = tiny[1]
+    ids = tok.encode(tok.apply_chat_template([SYS], tokenize=False), add_special_tokens=False)
+    system_turn = ids.index(tok.eos_token_id) + 1            # up to and including its <|im_end|>
+    assert warm.stats["cached_tokens"] == 3 * system_turn

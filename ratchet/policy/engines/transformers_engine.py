@@ -63,6 +63,7 @@ class _Row:
     processor: object = None
     cache: list | None = None          # per layer (keys, values) [heads, cached, dim] of prompt_ids[:cached]
     cached: int = 0
+    share: int = 0                     # length of the system turn to keep as a shared prefix
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     finish: str | None = None
@@ -85,8 +86,11 @@ class TransformersPolicy:
         self.policy_id, self.constrained, self.chat = policy_id, constrained, chat
         self.max_batch, self.threads = max_batch, threads
         self.grammar = dict(grammar or {})          # kwargs of tool_call_logits_processor (bounds=...)
-        self.prefix_cache = prefix_cache            # episodes' KV caches kept between turns (0: off)
+        # KV caches kept between calls (0: off): each episode's last turn (up to `prefix_cache` of
+        # them), and the system turn (system prompt + tools) every episode of a task suite shares
+        self.prefix_cache = prefix_cache
         self._kv: OrderedDict = OrderedDict()       # tuple(ids fed) -> per layer (keys, values)
+        self._shared: OrderedDict = OrderedDict()   # the system turn (prompt + tools), shared by episodes
         self.stats = {"prefill_tokens": 0, "cached_tokens": 0, "decode_steps": 0}
         self.eos_ids = self._eos_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
@@ -156,13 +160,18 @@ class TransformersPolicy:
             ids = self.prompt_ids(r)
             key = tuple(r.prefix_ids[:-1]) if r.prefix_ids and ids[:len(r.prefix_ids)] == list(r.prefix_ids) else None
             cache = self._kv.get(key) if key is not None else None
+            cached, share = (len(key) if cache is not None else 0), 0
             if cache is not None:
                 used.add(key)
+            elif self.prefix_cache:
+                share = self._system_turn(ids)
+                cache = self._shared.get(tuple(ids[:share])) if share else None
+                cached, share = (share, 0) if cache is not None else (0, share)
             for j in range(r.n):
                 g = torch.Generator().manual_seed(sample_seed(r.seed, j))
                 rows.append(_Row(qi, j, ids, r.temperature, r.top_p, r.max_tokens, r.stop, g,
                                  self._processor(r.tools) if self.constrained else None,
-                                 cache, len(key) if cache is not None else 0))
+                                 cache, cached, share))
         for key in used:                       # each episode moves on: its old entry is spent
             self._kv.pop(key, None)
         order = sorted(rows, key=lambda x: len(x.prompt_ids) - x.cached)      # less padding per batch
@@ -209,6 +218,16 @@ class TransformersPolicy:
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                                  past_key_values=past, use_cache=True, logits_to_keep=1)
                 past, logits = out.past_key_values, out.logits[:, -1, :].float()
+                if self.prefix_cache and any(r.share for r in live):
+                    for i, r in enumerate(live):     # after the prefill: keep the system turn's KV
+                        key = tuple(r.prompt_ids[:r.share])
+                        if r.share and key not in self._shared:
+                            cols = mask[i].nonzero()[:r.share, 0]
+                            self._shared[key] = [(layer.keys[i][:, cols].clone(), layer.values[i][:, cols].clone())
+                                                 for layer in past.layers]
+                            while len(self._shared) > 8:
+                                self._shared.popitem(last=False)
+                        r.share = 0
                 nxt = [self._step(r, logits[i]) for i, r in enumerate(live)]
                 self.stats["decode_steps"] += 1
                 keep = [i for i, r in enumerate(live) if not r.finish]
@@ -226,6 +245,12 @@ class TransformersPolicy:
                 ids = torch.tensor(nxt, device=dev)[:, None]
                 mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
                 pos = pos[:, -1:] + 1
+
+    def _system_turn(self, ids: list[int]) -> int:
+        """Length of the prompt's first turn (up to its first stop token: the system prompt and
+        the tool list in chat templates), when something follows it; else 0."""
+        at = next((k for k, t in enumerate(ids) if t in self.eos_ids), None)
+        return at + 1 if at is not None and at + 1 < len(ids) else 0
 
     def _past(self, rows: list[_Row], width: int):
         """A DynamicCache holding each row's cached KV right-aligned in `width` columns."""
