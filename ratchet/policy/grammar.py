@@ -103,7 +103,7 @@ def tool_call_grammar(tool_schemas, bounds: Bounds = Bounds()):
 # characters in (strict JSON rejects them, and so does the environment's parser) and escapes out
 # (the expert's `edit` reverts carry "\n"). Each such rule is rewritten to JSON's characters: no
 # control characters, plus the short escapes. Checked by tests/training/test_grammar.py.
-_BOUNDED_CHARS = re.compile(r'^(\w+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.M)
+_BOUNDED_CHARS = re.compile(r'^(\w+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
 _JSON_CHARS = r'\1 ::= (([^\\0-\\x1f\\"\\\\]) | ("\\\\" [\\"\\\\/bfnrt]))'
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 ROWS_SQL = """
     SELECT ts.record_id, ts.trajectory_id, ts.task_id, ts.consent_id, ts.owner_tenant_id,

@@ -17,9 +17,9 @@ import copy
 import json
 import time
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ chose canonical tokens (tests/training/test_grpo.py).
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 
 def group_advantages(rewards: Sequence[float | None], group_size: int, *, scale: bool = True,

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(a.threads)
     suite = build_suite(seed=0, limit=a.problems)
-    pnum = lambda b: int(str(b.metadata.get("problem_id", "x/0")).split("/")[-1])  # noqa: E731
+    pnum = lambda b: int(str(b.metadata.get("problem_id", "x/0")).split("/")[-1])
     train = sorted((b for b in suite.tasks if pnum(b) % 2 == 0), key=lambda b: b.task_id)
     held = sorted((b for b in suite.tasks if pnum(b) % 2 == 1), key=lambda b: b.task_id)
     rows_t = [{"task_id": b.task_id, "repo": b.repo, "issue_id": b.issue_id, "split": "train",

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 CHECKPOINT_META = "ratchet_checkpoint.json"
 

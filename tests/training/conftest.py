@@ -29,8 +29,8 @@ def tokenizer(trajectories, tools):
                            vocab_size=1024)
 
 
-TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, max_position_embeddings=8192)
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "max_position_embeddings": 8192}
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ def test_assistant_only_mask_on_a_multi_turn_sample_by_hand(tokenizer, tools):
     ex = to_training_example(MULTI, tools, tokenizer)
     ids, mask = ex["input_ids"], ex["assistant_masks"]
     assert len(ids) == len(mask)
-    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
     # The two valid turns, written out by hand (arguments in schema order: path before line).
     turn1 = 'Localising.\n<tool_call>{"name": "localize", "arguments": {"top": 3}}</tool_call>' + IM_END
     turn3 = ('Candidates.\n<tool_call>{"name": "propose_edits", "arguments": {"path": "s.py", "line": 4}}'

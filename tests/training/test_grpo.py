@@ -32,8 +32,8 @@ def test_episode_from_sampled_ids_equals_the_training_example(tokenizer, traject
 
     msgs = next(t for t in trajectories if t["agent_id"].startswith("expert"))["messages"]
     text, spans = render_spans(msgs, tools)
-    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    turns, i = [], 0
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
+    turns = []
     asst = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
     for n, k in enumerate(asst):
         ids = enc(text[spans[n][0]:spans[n][1]])

@@ -1,7 +1,7 @@
 """SFT with TRL: loss falls, weights change, and only the tenant's consented training_set rows
 ever reach a batch."""
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -9,7 +9,7 @@ from ratchet.training.sft import SFTSettings, build_dataset, make_trainer, train
 
 pytestmark = pytest.mark.training
 
-NOW = datetime(2026, 11, 28, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 28, tzinfo=UTC)
 
 
 def _rows(trajectories, tools, n):

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL_TOKENS = (PAD, IM_START, IM_END)
@@ -159,7 +160,7 @@ def render(messages: list[dict], tools: list[dict] | None = None, *, add_generat
     return render_spans(messages, tools, add_generation_prompt=add_generation_prompt, **prepare_kw)[0]
 
 
-_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.S)
+_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
 
 
 def parse_assistant(text: str) -> list[dict]:

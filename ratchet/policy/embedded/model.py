@@ -17,9 +17,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 FORMAT_VERSION = "ratchet-embedded/1"   # bump when the chat template or tokenizer recipe changes
 MANIFEST = "ratchet_base.json"

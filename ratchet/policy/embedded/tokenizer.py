@@ -8,8 +8,8 @@ pre-tokeniser (different ids, no warning).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from ratchet.policy.embedded.chat import CHAT_TEMPLATE, IM_END, PAD, SPECIAL_TOKENS
 
@@ -17,7 +17,6 @@ from ratchet.policy.embedded.chat import CHAT_TEMPLATE, IM_END, PAD, SPECIAL_TOK
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency: int = 2):
     """A fresh byte-level BPE tokenizer trained on `texts` (deterministic for the same texts)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
