@@ -1,0 +1,5 @@
+import sys
+
+from deploy.stack import main
+
+sys.exit(main())
