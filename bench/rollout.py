@@ -6,13 +6,16 @@ request). Ours: `run_episodes(concurrency=C)`: up to C episodes open, their sand
 thread pool while the model generates for every waiting episode in one batch. Both are real
 episodes in the bwrap sandbox (reset, tool calls, pristine verification at the end).
 
-Policy: the embedded base policy (`ratchet.policy.embedded.model`, random weights, tokenizer
-trained on train-split problems that are not benched) under the tool-call grammar, sampling at
-temperature 1; `--tiny` uses a 2-layer random Qwen2 with a small local tokenizer, unconstrained.
-Per-row seeded sampling makes both modes sample the same tokens: `identical` says whether every
-episode's transcript matched.
+Policy: the embedded base policy (`ratchet.policy.embedded.model`: random weights, its tokenizer
+trained on train-split problems that are not benched, its chat format), sampling at temperature 1,
+up to 128 new tokens a turn. Unconstrained by default: a random model then writes no valid call,
+so the sandbox work is each episode's reset and final verification and the bench measures the
+generation side. `--grammar` decodes under the tool-call grammar (valid random calls that the
+sandbox executes); `--hidden/--layers` a wider random model; `--tiny` a 2-layer one with a small
+local tokenizer. Per-row seeded sampling makes both modes sample the same tokens: `identical` says
+whether every episode's transcript matched.
 
-    .venv/bin/python bench/rollout.py [--tasks 12] [--concurrency 12] [--max-turns 3] [--tiny]
+    .venv/bin/python bench/rollout.py [--tasks 16] [--concurrency 16] [--max-turns 4] [--grammar]
 
 The final line is one JSON object; ratio = batched_eps_per_s / sequential_eps_per_s.
 """
@@ -77,18 +80,21 @@ def _tiny_policy():
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", type=int, default=12)
+    ap.add_argument("--tasks", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--concurrency", type=int, default=12)
-    ap.add_argument("--max-turns", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--max-turns", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on a shared 2-core machine 2 threads were 8x slower per step)")
     ap.add_argument("--max-string", type=int, default=None,
                     help="grammar bound on JSON strings (default: ratchet.policy.grammar.Bounds)")
     ap.add_argument("--thought-chars", type=int, default=None, help="grammar bound on the thought line")
-    ap.add_argument("--min-batch", type=int, default=None, help="run_episodes min_batch (default: half open)")
-    ap.add_argument("--free", action="store_true", help="the embedded model without the grammar")
+    ap.add_argument("--min-batch", type=int, default=None,
+                    help="run_episodes min_batch (default: --concurrency, i.e. turns in lockstep; measured "
+                         "faster here than generating for half the episodes while the others step)")
+    ap.add_argument("--grammar", action="store_true",
+                    help="decode under the tool-call grammar (xgrammar; its per-token cost is per row, not batched)")
     ap.add_argument("--hidden", type=int, default=None, help="a random model of this width (embedded tokenizer)")
     ap.add_argument("--layers", type=int, default=None, help="... and this depth")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer random model, unconstrained")
@@ -112,7 +118,7 @@ def main(argv=None) -> dict:
             grammar = {"bounds": replace(b, max_string=a.max_string or b.max_string,
                                          thought_chars=a.thought_chars or b.thought_chars)}
         policy, info = _tiny_policy() if a.tiny else _embedded_policy(train, Path(a.cache or tmp), grammar,
-                                                                            not a.free, a.hidden, a.layers)
+                                                                            a.grammar, a.hidden, a.layers)
         info["grammar"] = repr(grammar.get("bounds", "default bounds")) if info["constrained"] else None
         params = sum(p.numel() for p in policy.model.parameters())
         rt = LocalRuntime(Path(tmp) / "rt")
@@ -142,7 +148,7 @@ def main(argv=None) -> dict:
         sizes.clear()
         gen_s[0] = 0.0
         t0 = time.monotonic()
-        bat = run_episodes(policy, jobs, concurrency=a.concurrency, min_batch=a.min_batch, **kw)
+        bat = run_episodes(policy, jobs, concurrency=a.concurrency, min_batch=a.min_batch or a.concurrency, **kw)
         bat_s, bat_gen = time.monotonic() - t0, gen_s[0]
 
     same = [x.messages == y.messages and x.reward == y.reward for x, y in zip(seq, bat)]
