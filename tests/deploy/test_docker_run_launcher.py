@@ -3,6 +3,7 @@ and a run launched through `dagster_docker.DockerRunLauncher` that must succeed,
 history in Postgres and its output in the host's warehouse (deploy/, docs/deploy.md)."""
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,27 @@ def test_instance_config_is_valid_and_says_what_the_deployment_promises(tmp_path
     assert ref.run_coordinator_data.class_name == "QueuedRunCoordinator"
 
 
-def test_a_run_launched_through_the_docker_run_launcher_succeeds_with_history_in_postgres(tmp_path):
+def _query(cluster, sql, args=()):
+    with cluster.connect() as conn, conn.cursor() as cur:
+        cur.execute(sql, args)
+        rows = cur.fetchall()
+    conn.close()
+    return rows
+
+
+def _wait_for(pred, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_a_run_launched_through_the_docker_run_launcher_succeeds_with_history_in_postgres(tmp_path, monkeypatch):
+    """One real run: queued behind a held `warehouse` pool slot (limit 1, enforced through
+    Postgres), released, then launched by the daemon in its own container; it succeeds, its
+    history is in Postgres and its rows are in the host's DuckDB warehouse."""
     _needs_stack()
     import docker
     import duckdb
@@ -68,11 +89,25 @@ def test_a_run_launched_through_the_docker_run_launcher_succeeds_with_history_in
     state_dir = tmp_path / "state"
     st = stack.up(state_dir, home=home)
     client = docker.from_env()
+    instance = None
     try:
+        for k, v in st["env"].items():
+            monkeypatch.setenv(k, v)
+        from dagster import DagsterInstance
+        instance = DagsterInstance.get()
+        cluster = postgres.Cluster(**st["postgres"])
+        # Hold the only warehouse slot, as another run's step would: the run must wait.
+        instance.event_log_storage.claim_concurrency_slot("warehouse", "deploy-test-holder", "hold")
         run_id = stack.launch(st, "ingest_job", {"ops": {"ingest": {"config": {"paths": [str(inbox)]}}}},
                               tags={"test": "deploy"})
+        _wait_for(lambda: _query(cluster, "SELECT 1 FROM daemon_heartbeats WHERE daemon_type = %s",
+                                 ("QUEUED_RUN_COORDINATOR",)), 120, "the daemon's run queue")
+        time.sleep(12)  # > 2 dequeue intervals (5 s) with the daemon up
+        assert _query(cluster, "SELECT status FROM runs WHERE run_id = %s", (run_id,)) == [("QUEUED",)]
+        assert not _query(cluster, "SELECT 1 FROM event_logs WHERE run_id = %s AND dagster_event_type = %s",
+                          (run_id, "STEP_START"))
+        instance.event_log_storage.free_concurrency_slots_for_run("deploy-test-holder")
         status = stack.wait_run(st, run_id, timeout=240)
-        cluster = postgres.Cluster(**st["postgres"])
         with cluster.connect() as conn, conn.cursor() as cur:
             cur.execute("SELECT status, pipeline_name FROM runs WHERE run_id = %s", (run_id,))
             run_row = cur.fetchone()
@@ -98,6 +133,8 @@ def test_a_run_launched_through_the_docker_run_launcher_succeeds_with_history_in
         assert container.attrs["HostConfig"]["NetworkMode"] == "host"
         assert container.attrs["State"]["ExitCode"] == 0
         assert container.attrs["Config"]["Cmd"][:5] == ["/usr/bin/python3", "-m", "dagster", "api", "execute_run"]
+        # The instance ref on the command line names the env var, never the password itself.
+        assert st["env"]["DAGSTER_PG_PASSWORD"] not in json.dumps(container.attrs["Config"]["Cmd"])
         assert limits == {"gpu": 1, "warehouse": 1}
         # The run container wrote the host's warehouse: the rows match what the run reported.
         mats = [deserialize_value(e) for k, e in events if k == "ASSET_MATERIALIZATION"]
@@ -109,6 +146,8 @@ def test_a_run_launched_through_the_docker_run_launcher_succeeds_with_history_in
         con.close()
         assert json.loads((state_dir / "state.json").read_text())["id"] == st["id"]
     finally:
+        if instance is not None:
+            instance.dispose()
         report = stack.down(state_dir)
     assert not client.containers.list(all=True, filters={"label": f"{stack.LABEL}={st['id']}"}), report
     assert not Path(st["postgres"]["root"]).exists()
