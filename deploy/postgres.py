@@ -89,7 +89,7 @@ def _as_postgres(cmd: list[str]) -> list[str]:
 
 
 def _run(cmd: list[str], what: str, env: dict | None = None) -> None:
-    r = subprocess.run(_as_postgres(cmd), capture_output=True, text=True, timeout=120,
+    r = subprocess.run(_as_postgres(cmd), check=False, capture_output=True, text=True, timeout=120,
                        stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     if r.returncode != 0:
         raise RuntimeError(f"{what} failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[-800:]}")
@@ -134,5 +134,5 @@ def stop(c: Cluster) -> None:
     b = bindir()
     if b and (c.data / "postmaster.pid").exists():
         subprocess.run(_as_postgres([str(b / "pg_ctl"), "-D", str(c.data), "-m", "fast", "-w",
-                                     "-t", "30", "stop"]), capture_output=True, timeout=60)
+                                     "-t", "30", "stop"]), check=False, capture_output=True, timeout=60)
     shutil.rmtree(c.root, ignore_errors=True)

@@ -74,11 +74,12 @@ def build_image(client, base: str) -> tuple[str, bool]:
     context, digest = build_context()
     tag = hashlib.sha256(f"{digest} {base}".encode()).hexdigest()[:12]
     image = f"{IMAGE_REPO}:{tag}"
+    import docker
     try:
         client.images.get(image)
         return image, False
-    except Exception:  # noqa: BLE001 - ImageNotFound: build it
-        pass
+    except docker.errors.ImageNotFound:
+        pass  # not built yet: build it below
     log = []
     # network_mode none: dockerd here has no bridge, and the build must not need a network.
     for chunk in client.api.build(fileobj=io.BytesIO(context), custom_context=True, tag=image,
@@ -94,17 +95,16 @@ def build_image(client, base: str) -> tuple[str, bool]:
 def _prune_old_images(client, keep: str, min_age_s: float = 3600) -> None:
     """Each source change gets a new tag; drop tags older than an hour that no container uses
     (a stack still running on one keeps it: removal fails and is ignored)."""
-    from datetime import datetime, timezone
-    now = datetime.now(timezone.utc)
+    from contextlib import suppress
+    from datetime import UTC, datetime
+    now = datetime.now(UTC)
     for img in client.images.list(name=IMAGE_REPO):
         if keep in img.tags:
             continue
-        try:
-            created = datetime.fromisoformat(img.attrs["Created"][:19]).replace(tzinfo=timezone.utc)
+        with suppress(Exception):  # in use by a container, or already gone
+            created = datetime.fromisoformat(img.attrs["Created"][:19]).replace(tzinfo=UTC)
             if (now - created).total_seconds() > min_age_s:
                 client.images.remove(img.id)
-        except Exception:  # noqa: BLE001 - in use, or already gone
-            pass
 
 
 def site_packages() -> Path:
@@ -161,7 +161,7 @@ def set_pool_limits(env: dict, limits: dict[str, int] = POOL_LIMITS) -> None:
     code = ("import json, sys; from dagster import DagsterInstance\n"
             "i = DagsterInstance.get()\n"
             "for pool, n in json.loads(sys.argv[1]).items(): i.event_log_storage.set_concurrency_slots(pool, n)\n")
-    r = subprocess.run([sys.executable, "-c", code, json.dumps(limits)], env={**os.environ, **env},
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(limits)], check=False, env={**os.environ, **env},
                        capture_output=True, text=True, timeout=180)
     if r.returncode != 0:
         raise RuntimeError(f"setting the pool limits failed: {r.stderr.strip()[-1500:]}")
@@ -263,8 +263,8 @@ def launch(st: dict, job: str, config: dict | None = None, tags: dict | None = N
            "--tags", json.dumps({"ratchet/launched_by": "deploy", **(tags or {})})]
     if config:
         cmd += ["--config-json", json.dumps(config)]
-    r = subprocess.run(cmd, env={**os.environ, **st["env"]}, capture_output=True, text=True,
-                       timeout=180, cwd=ROOT)
+    r = subprocess.run(cmd, check=False, env={**os.environ, **st["env"]}, capture_output=True,
+                       text=True, timeout=180, cwd=ROOT)
     if r.returncode != 0:
         raise RuntimeError(f"dagster job launch {job} failed: {(r.stderr or r.stdout).strip()[-1500:]}")
     return run_id
