@@ -155,3 +155,17 @@ def test_shared_system_turn_is_prefilled_once(tiny):
     ids = tok.encode(tok.apply_chat_template([SYS], tokenize=False), add_special_tokens=False)
     system_turn = ids.index(tok.eos_token_id) + 1            # up to and including its <|im_end|>
     assert warm.stats["cached_tokens"] == 3 * system_turn
+
+
+def test_copy_free_decode_attention_matches_sdpa(tiny):
+    """engines.attention (grouped-query decode without repeating the cache, in-place KV buffers)
+    gives the ids and logprobs of transformers' own SDPA path, on a padded batch, and leaves the
+    model's attention setting as it was."""
+    reqs = _reqs(1.0)
+    fast, plain = TransformersPolicy(*tiny, gqa_decode=True), TransformersPolicy(*tiny, gqa_decode=False)
+    assert fast.gqa_decode and not plain.gqa_decode
+    a, b = fast.generate(reqs), plain.generate(reqs)
+    for x, y in zip(a, b):
+        assert x[0].token_ids == y[0].token_ids
+        assert x[0].logprobs == pytest.approx(y[0].logprobs, abs=1e-4)
+    assert tiny[0].config._attn_implementation == "sdpa"

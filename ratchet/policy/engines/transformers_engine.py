@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,7 +78,8 @@ def sample_seed(seed: int, sample: int) -> int:
 class TransformersPolicy:
     def __init__(self, model, tokenizer, *, policy_id: str = "hf:model", constrained: bool = False,
                  chat: str = "template", max_batch: int = 64, threads: int | None = None,
-                 grammar: dict | None = None, prefix_cache: int = 64, config: dict | None = None):
+                 grammar: dict | None = None, prefix_cache: int = 64, gqa_decode: bool = True,
+                 config: dict | None = None):
         if chat not in ("template", "embedded"):
             raise ValueError(f"chat must be 'template' or 'embedded', got {chat!r}")
         if chat == "template" and not getattr(tokenizer, "chat_template", None):
@@ -92,11 +94,13 @@ class TransformersPolicy:
         self._kv: OrderedDict = OrderedDict()       # tuple(ids fed) -> per layer (keys, values)
         self._shared: OrderedDict = OrderedDict()   # the system turn (prompt + tools), shared by episodes
         self.stats = {"prefill_tokens": 0, "cached_tokens": 0, "decode_steps": 0}
+        # decode-step attention without KV copies (engines.attention); only over the SDPA path
+        self.gqa_decode = gqa_decode and getattr(model.config, "_attn_implementation", None) == "sdpa"
         self.eos_ids = self._eos_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.spec = {"policy_id": policy_id, "engine": "transformers",
                      "config": {"constrained": constrained, "chat": chat, "max_batch": max_batch,
-                                "prefix_cache": prefix_cache,
+                                "prefix_cache": prefix_cache, "gqa_decode": gqa_decode,
                                 **({"grammar": {k: repr(v) for k, v in self.grammar.items()}} if grammar else {}),
                                 **(config or {})}}
 
@@ -175,8 +179,9 @@ class TransformersPolicy:
         for key in used:                       # each episode moves on: its old entry is spent
             self._kv.pop(key, None)
         order = sorted(rows, key=lambda x: len(x.prompt_ids) - x.cached)      # less padding per batch
-        for k in range(0, len(order), self.max_batch):
-            self._decode(order[k:k + self.max_batch])
+        with self._attention():
+            for k in range(0, len(order), self.max_batch):
+                self._decode(order[k:k + self.max_batch])
         dt = time.monotonic() - t0
         out: list[list[Completion]] = [[] for _ in requests]
         for row in rows:
@@ -187,6 +192,22 @@ class TransformersPolicy:
                 prompt_tokens=len(row.prompt_ids), completion_tokens=len(row.out), latency_s=dt,
                 token_ids=list(row.out), logprobs=list(row.lps), prompt_ids=list(row.prompt_ids)))
         return out
+
+    @contextmanager
+    def _attention(self):
+        """Decode steps use engines.attention (no KV copy per step) for the duration of a call
+        only: the same model object may be a trainer's, which keeps its own attention."""
+        if not self.gqa_decode:
+            yield
+            return
+        from ratchet.policy.engines.attention import register
+
+        cfg = self.model.config
+        old, cfg._attn_implementation = cfg._attn_implementation, register()
+        try:
+            yield
+        finally:
+            cfg._attn_implementation = old
 
     def _processor(self, tools):
         from ratchet.policy.grammar import tool_call_logits_processor
@@ -253,11 +274,15 @@ class TransformersPolicy:
         return at + 1 if at is not None and at + 1 < len(ids) else 0
 
     def _past(self, rows: list[_Row], width: int):
-        """A DynamicCache holding each row's cached KV right-aligned in `width` columns."""
-        if width == 0:
-            return None
-        import torch
+        """A cache holding each row's cached KV right-aligned in `width` columns (empty when
+        width is 0); with `gqa_decode`, one whose steps write in place (engines.attention)."""
         from transformers import DynamicCache
+
+        from ratchet.policy.engines.attention import buffered_cache
+
+        make = buffered_cache if self.gqa_decode else (lambda data=None: DynamicCache(ddp_cache_data=data))
+        if width == 0:
+            return make()
 
         layers = []
         for li in range(len(next(r.cache for r in rows if r.cache))):
@@ -269,7 +294,7 @@ class TransformersPolicy:
                     ks[i, :, width - r.cached:] = r.cache[li][0]
                     vs[i, :, width - r.cached:] = r.cache[li][1]
             layers.append((ks, vs))
-        return DynamicCache(ddp_cache_data=layers)
+        return make(layers)
 
     def _save(self, r: _Row, past, i: int, mask_row) -> None:
         """Keep a finished row's KV (every id fed: the prompt and all sampled ids but the last),

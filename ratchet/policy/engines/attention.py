@@ -1,0 +1,88 @@
+"""Decode-step attention for batched CPU generation without copying the KV cache.
+
+transformers' SDPA path repeats a grouped-query model's keys and values to every query head
+(`repeat_kv`, a full copy of the cache per layer per step) whenever there is a padding mask, which
+a left-padded batch always has. Measured on the embedded model at batch 16 (3 turns x 128
+tokens): repeat_kv's reshape was 17% of generation, more than the projections. For one query
+token the attention is two small matmuls over the grouped layout, with no copy; longer queries
+(prefill) go to transformers' SDPA unchanged.
+
+    name = register()                     # "ratchet_gqa", for config._attn_implementation
+"""
+from __future__ import annotations
+
+NAME = "ratchet_gqa"
+_DONE = False
+
+
+def gqa_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
+                         scaling: float | None = None, is_causal: bool | None = None, **kwargs):
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    b, h, q, d = query.shape
+    kvh = key.shape[1]
+    if q != 1 or kvh == h or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    scale = scaling if scaling is not None else d ** -0.5
+    scores = torch.matmul(query.view(b, kvh, h // kvh, d), key.transpose(-1, -2)) * scale   # [b, kvh, g, L]
+    if attention_mask is not None:                   # [b, 1, 1, L]: bool (attend) or additive
+        m = attention_mask[..., :key.shape[2]]
+        scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(probs, value)                 # [b, kvh, g, d]
+    return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
+
+
+def register() -> str:
+    global _DONE
+    if not _DONE:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+        AttentionInterface.register(NAME, gqa_decode_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+        _DONE = True
+    return NAME
+
+
+def buffered_cache(data=None):
+    """A transformers DynamicCache whose layers keep spare columns: a decode step writes its key
+    and value in place instead of `torch.cat`-ing a new copy of the whole cache (the largest cost
+    of a batch-16 decode step after the repeat above). `data`: per layer (keys, values) to start
+    from."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferedLayer(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                self._kb = self._vb = None
+                self._n = 0
+            n = key_states.shape[-2]
+            if self._kb is None or self._n + n > self._kb.shape[-2]:
+                b, h, _, d = key_states.shape
+                cap = max(64, 2 * (self._n + n))
+                kb, vb = key_states.new_empty((b, h, cap, d)), value_states.new_empty((b, h, cap, d))
+                if self._n:
+                    kb[:, :, :self._n], vb[:, :, :self._n] = self._kb[:, :, :self._n], self._vb[:, :, :self._n]
+                self._kb, self._vb = kb, vb
+            self._kb[:, :, self._n:self._n + n] = key_states
+            self._vb[:, :, self._n:self._n + n] = value_states
+            self._n += n
+            self.keys, self.values = self._kb[:, :, :self._n], self._vb[:, :, :self._n]
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices):
+            if self.is_initialized and self._n:
+                self._kb, self._vb = self._kb[indices], self._vb[indices]
+                self.keys, self.values = self._kb[:, :, :self._n], self._vb[:, :, :self._n]
+
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = BufferedLayer
+    for k, v in data or ():
+        cache.layers.append(BufferedLayer())
+        cache.layers[-1].update(k, v)
+    return cache
