@@ -7,12 +7,13 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DAGSTER_DISABLE_TELEMETRY := true
 export PYTHONHASHSEED := 0
 
-.PHONY: install sysdeps docker-engine demo test test-all mutation bench ui validate clean
+.PHONY: install sysdeps docker-engine demo test test-all mutation bench ui validate clean deploy-up deploy-down
 
 # System packages: bubblewrap isolates sandbox episodes (installed once, needs root/apt).
 # docker.io + debootstrap give the Docker runtime an engine and a base image built offline;
 # they are optional: where they cannot be installed the Docker tests skip and say why. chromium
-# drives the Dagster UI in a headless browser test (also optional, skips with the reason).
+# drives the Dagster UI in a headless browser test, postgresql backs the deployment test (both
+# optional: they skip with the reason).
 sysdeps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
@@ -21,6 +22,10 @@ sysdeps:
 	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null; } \
 	    || echo "warning: could not install docker.io/debootstrap: the Docker sandbox tests will skip" >&2; \
 	  else echo "note: docker.io/debootstrap are missing ('sudo apt-get install docker.io debootstrap'): the Docker sandbox tests will skip" >&2; fi; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } \
+	    || echo "warning: could not install postgresql: the deployment test will skip" >&2; \
+	  else echo "note: postgresql is missing ('sudo apt-get install postgresql'): the deployment test will skip" >&2; fi; }
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
 	    || echo "warning: could not install chromium: the browser test of the Dagster UI will skip" >&2; \
@@ -48,6 +53,13 @@ test: install docker-engine
 
 test-all: install
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+
+# The production stack (deploy/: Postgres storage, DockerRunLauncher, daemon, UI), see docs/deploy.md.
+deploy-up: install docker-engine
+	$(PY) -m deploy up --webserver-port 3000
+
+deploy-down:
+	$(PY) -m deploy down
 
 validate: install
 	DAGSTER_HOME=$(RATCHET_HOME)/dagster $(VENV)/bin/dagster definitions validate -w workspace.yaml
