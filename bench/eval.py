@@ -28,15 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 POLICY = "harness:sbfl"
 
 
-def setup(home: Path, n_tasks: int, seed: int):
-    """A warehouse whose locked holdout is a seeded sample of n_tasks suite tasks."""
+def setup(home: Path, n_tasks: int, seed: int, suite=None):
+    """A warehouse whose locked holdout is a seeded sample of n_tasks suite tasks. Build (or load)
+    the suite before pointing RATCHET_HOME elsewhere: its cache lives under the caller's home."""
     from ratchet.governance.holdout import lock_holdout
     from ratchet.governance.tasks import task_rows
     from ratchet.store import replace
     from ratchet.warehouse import Warehouse
     from sandboxes.humaneval import build_suite
 
-    suite = build_suite(seed=0)
+    suite = suite or build_suite(seed=0)
     tasks = random.Random(seed).sample(sorted(suite.tasks, key=lambda t: t.task_id), min(n_tasks, len(suite.tasks)))
     wh = Warehouse(home / "warehouse.duckdb")
     wh.ensure_schema()
@@ -69,10 +70,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--sample-seed", type=int, default=0)
     a = ap.parse_args(argv)
 
+    from sandboxes.humaneval import build_suite
+
+    suite = build_suite(seed=0)          # from the usual cache, before RATCHET_HOME moves
     load0 = os.getloadavg()[0]           # the machine is shared: say how busy it was
     with tempfile.TemporaryDirectory(prefix="ratchet-bench-eval-") as tmp:
         os.environ["RATCHET_HOME"] = tmp
-        wh, path, tasks = setup(Path(tmp), a.tasks, a.sample_seed)
+        wh, path, tasks = setup(Path(tmp), a.tasks, a.sample_seed, suite)
         seeds = list(range(a.seeds))
         res, wall = run(wh, path, seeds, a.workers)
         rows = res.rows
