@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", type=int, default=40)
     ap.add_argument("--trajectories", default=None)
     ap.add_argument("--epochs", type=float, default=3.0)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=SFT_DEFAULTS.threads)
     ap.add_argument("--lr", type=float, default=SFT_DEFAULTS.learning_rate)
     ap.add_argument("--batch", type=int, default=SFT_DEFAULTS.batch_size)
     ap.add_argument("--no-thoughts", action="store_true", help="train and decode calls only (no text before a call)")
