@@ -1,0 +1,141 @@
+"""Multi-turn GRPO loop on a tiny model in the real sandbox: one step's advantages and masks by
+hand, infra failures out of the update and counted, weights change, resume gives the same batch."""
+import json
+from dataclasses import replace
+
+import pytest
+
+from ratchet.training.grpo_loop import GRPOSettings, build_update, grpo_update, step_batch, train_grpo
+
+pytestmark = pytest.mark.training
+
+TINY_RL = dict(tasks_per_step=2, group_size=2, max_tokens=12, max_turns=1, concurrency=4, max_string=8,
+               learning_rate=1e-2)
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    from sandboxes.runtime import LocalRuntime, SandboxUnavailable
+
+    try:
+        return LocalRuntime(tmp_path_factory.mktemp("rt"))
+    except SandboxUnavailable as e:
+        pytest.skip(f"sandbox unavailable: {e}")
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    from sandboxes.humaneval import build_suite
+
+    return build_suite(seed=0, limit=2, per_problem=2, cache_dir=tmp_path_factory.mktemp("suite")).tasks
+
+
+@pytest.fixture
+def start(tmp_path, tiny_model, tokenizer):
+    path = tmp_path / "start"
+    tiny_model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / "ratchet_checkpoint.json").write_text(json.dumps({"stage": "test-start"}))
+    return path
+
+
+def _rollout(start, bundles, runtime, settings, step=0):
+    from ratchet.policy.embedded.model import load_policy
+    from ratchet.policy.engines.transformers_engine import TransformersPolicy
+    from ratchet.policy.runner import Sampling, run_episodes
+
+    model, tok = load_policy(start)
+    by_id = {b.task_id: b for b in bundles}
+    jobs = step_batch(list(by_id), settings, step)
+    policy = TransformersPolicy(model, tok, constrained=True, chat="embedded", grammar={"bounds": settings.bounds()})
+    recs = run_episodes(policy, [(by_id[t], s) for t, s in jobs], runtime=runtime, max_turns=settings.max_turns,
+                        sampling=Sampling(temperature=1.0, max_tokens=settings.max_tokens), concurrency=4)
+    return model, tok, recs
+
+
+def test_one_step_advantages_and_masks_by_hand(start, bundles, runtime):
+    """Real episodes of one group of 4, rewards set by hand [1, 0, 0.5, infra failure]: advantages
+    are (r - 0.5) / (0.5 + 1e-4); the infra failure is not trained on and is counted; each
+    sequence's mask is 1 exactly at the sampled ids and its old logprobs are the sampler's."""
+    s = GRPOSettings(**{**TINY_RL, "tasks_per_step": 1, "group_size": 4, "max_turns": 2})
+    _, _, recs = _rollout(start, bundles, runtime, s)
+    assert len({r.task_id for r in recs}) == 1 and all(r.outcome != "infra_failure" for r in recs)
+    hand = [replace(recs[0], reward=1.0), replace(recs[1], reward=0.0), replace(recs[2], reward=0.5),
+            replace(recs[3], reward=None, outcome="infra_failure", error="injected")]
+    seqs, counts = build_update(hand, 4)
+    assert [q["seed"] for q in seqs] == [r.seed for r in recs[:3]]
+    assert [q["advantage"] for q in seqs] == pytest.approx([0.5 / 0.5001, -0.5 / 0.5001, 0.0])
+    assert counts["infra_failures"] == 1 and counts["trained"] == 3 and counts["reward"] == pytest.approx(0.5)
+    assert any(len(r.turn_records) > 1 for r in recs[:3])     # multi-turn: tool output inside the sequence
+    for q, r in zip(seqs, recs):
+        t0 = r.turn_records[0]
+        assert q["input_ids"][:len(t0.prompt_ids)] == t0.prompt_ids
+        sampled = [i for i, m in zip(q["input_ids"], q["mask"]) if m]
+        assert sampled == [i for t in r.turn_records for i in t.completion_ids]       # exact ids, in order
+        assert [lp for lp, m in zip(q["old_logprobs"], q["mask"]) if m] == [x for t in r.turn_records for x in t.logprobs]
+        if len(r.turn_records) > 1:                   # tool output between the turns: in the sequence, masked
+            gap = len(r.turn_records[1].prompt_ids) - len(t0.prompt_ids) - len(t0.completion_ids)
+            k = len(t0.prompt_ids) + len(t0.completion_ids)
+            assert gap > 0 and q["mask"][k:k + gap] == [0] * gap
+
+
+def test_update_changes_weights_and_skips_infra_failures(start, bundles, runtime):
+    import copy
+
+    import torch
+
+    s = GRPOSettings(**{**TINY_RL, "tasks_per_step": 1, "group_size": 4})
+    model, _, recs = _rollout(start, bundles, runtime, s)
+    ref = copy.deepcopy(model).requires_grad_(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    hand = [replace(recs[0], reward=1.0), replace(recs[1], reward=0.0), replace(recs[2], reward=0.0),
+            replace(recs[3], reward=None, outcome="infra_failure")]
+    seqs, counts = build_update(hand, 4)
+    n_tok = sum(len(t.completion_ids) for r in recs[:3] for t in r.turn_records)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    st = grpo_update(model, ref, opt, seqs, s)
+    assert st["policy_tokens"] == n_tok                        # the infra failure's tokens are not in the loss
+    assert st["logprob_gap"] < 1e-3                            # the sampler's logprobs = this forward pass
+    assert st["kl"] == pytest.approx(0.0, abs=1e-6)            # first step: policy == reference
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    assert "model.embed_tokens.weight" in changed and len(changed) >= len(before) // 2
+    # all rewards equal (or infra): no advantage, no KL yet -> no gradient, nothing moves
+    model2, _, _ = _rollout(start, bundles, runtime, s)
+    flat, c2 = build_update([replace(r, reward=0.0) for r in recs[:3]] + [replace(recs[3], reward=None)], 4)
+    st2 = grpo_update(model2, copy.deepcopy(model2), torch.optim.SGD(model2.parameters(), lr=1.0), flat, s)
+    assert c2["flat_groups"] == 1 and st2["grad_norm"] == 0.0
+
+
+def test_resume_after_stop_gives_the_same_next_batch(start, bundles, runtime, tmp_path):
+    """Stop after step 2 (checkpoint every 2), resume: step 3's task ids and seeds, and the
+    weights after it, equal an uninterrupted run's."""
+    import torch
+
+    s = GRPOSettings(**{**TINY_RL, "steps": 3, "checkpoint_every": 2})
+    full = train_grpo(start, bundles, tmp_path / "full", s, runtime=runtime)
+    part = train_grpo(start, bundles, tmp_path / "part", s, runtime=runtime, stop_after=2)
+    assert [c.name for c in part.checkpoints] == ["step-00002"] and len(part.batches) == 2
+    resumed = train_grpo(start, bundles, tmp_path / "part", s, runtime=runtime)
+    assert len(resumed.batches) == 1
+    assert resumed.batches[0] == full.batches[2] == step_batch([b.task_id for b in bundles], s, 2)
+    assert [h["step"] for h in resumed.history] == [1, 2, 3]
+    assert [h["task_ids"] for h in resumed.history] == [h["task_ids"] for h in full.history]
+    from safetensors.torch import load_file
+    wf, wr = load_file(full.checkpoint / "model.safetensors"), load_file(resumed.checkpoint / "model.safetensors")
+    assert all(torch.allclose(wf[k], wr[k], atol=1e-6) for k in wf)
+    meta = json.loads((resumed.checkpoint / "ratchet_checkpoint.json").read_text())
+    assert meta["stage"] == "rl" and meta["step"] == 3 and meta["cpu_s"] > 0
+
+
+def test_data_order_is_a_function_of_seed_and_step():
+    s = GRPOSettings(tasks_per_step=3, group_size=2)
+    ids = [f"t{i}" for i in range(5)]
+    first_epoch = [step_batch(ids, s, k) for k in range(2)]
+    drawn = [t for b in first_epoch for t, _ in b[::2]][:5]
+    assert sorted(drawn) == ids                                # each task once per epoch
+    assert step_batch(ids, s, 1) == step_batch(list(reversed(ids)), s, 1)
+    assert step_batch(ids, s, 1) != step_batch(ids, replace(s, seed=1), 1)
+    seeds = [seed for b in first_epoch for _, seed in b]
+    assert len(set(seeds)) == len(seeds)
+    with pytest.raises(ValueError):
+        GRPOSettings(group_size=1)
