@@ -5,12 +5,18 @@ from dataclasses import replace
 
 import pytest
 
-from ratchet.training.grpo_loop import GRPOSettings, build_update, grpo_update, step_batch, train_grpo
+from ratchet.training.grpo_loop import (
+    GRPOSettings,
+    build_update,
+    grpo_update,
+    step_batch,
+    train_grpo,
+)
 
 pytestmark = pytest.mark.training
 
-TINY_RL = dict(tasks_per_step=2, group_size=2, max_tokens=12, max_turns=1, concurrency=4, max_string=8,
-               learning_rate=1e-2)
+TINY_RL = {"tasks_per_step": 2, "group_size": 2, "max_tokens": 12, "max_turns": 1, "concurrency": 4,
+           "max_string": 8, "learning_rate": 1e-2}
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +96,7 @@ def test_update_changes_weights_and_skips_infra_failures(start, bundles, runtime
     before = {k: v.clone() for k, v in model.state_dict().items()}
     hand = [replace(recs[0], reward=1.0), replace(recs[1], reward=0.0), replace(recs[2], reward=0.0),
             replace(recs[3], reward=None, outcome="infra_failure")]
-    seqs, counts = build_update(hand, 4)
+    seqs, _ = build_update(hand, 4)
     n_tok = sum(len(t.completion_ids) for r in recs[:3] for t in r.turn_records)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     st = grpo_update(model, ref, opt, seqs, s)
