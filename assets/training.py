@@ -1,0 +1,252 @@
+"""Stage 5-6: the policy every candidate starts from, and each candidate's SFT and RL checkpoints.
+
+    tasks + split_assignments --> base_policy (unpartitioned; content-keyed, built once)
+    base_policy + training_set [training_set_clean] + split_assignments [contamination] --> sft_checkpoint [candidate]
+    sft_checkpoint + split_assignments --> rl_checkpoint [candidate]
+
+Candidates are dynamic partitions ("candidates", keys "<tenant>:<name>": add one with
+`register_candidate`, the UI or a schedule). SFT reads only the tenant's consented `training_set`
+(ratchet.training.data); RL runs GRPO episodes on train-split tasks in the sandbox. Each checkpoint
+becomes an MLflow model version of `ratchet-<tenant>-<name>` with its lineage tags and a
+`checkpoints` row (ratchet.training.lineage), so revoking a grant flags it and its RL children.
+Bodies read, call ratchet.training, write; the defaults are the demo's sizes, tests shrink them.
+"""
+# No `from __future__ import annotations`: Dagster resolves Config annotations at import time.
+
+import dagster as dg
+
+from assets import OWNERS
+from resources import MlflowTracking, WarehouseResource
+
+CANDIDATES = dg.DynamicPartitionsDefinition(name="candidates")
+EXPERIMENT = "ratchet/training"
+TRAIN_TASKS_SQL = """
+    SELECT t.*, s.split FROM tasks t
+    JOIN split_assignments s ON s.kind = 'task' AND s.source_id = t.task_id
+    WHERE s.split = 'train' ORDER BY t.task_id"""
+
+
+def register_candidate(instance: dg.DagsterInstance, tenant: str, name: str) -> str:
+    """Add `<tenant>:<name>` as a candidate partition (idempotent); returns the key."""
+    key = f"{tenant}:{name}"
+    if not instance.has_dynamic_partition(CANDIDATES.name, key):
+        instance.add_dynamic_partitions(CANDIDATES.name, [key])
+    return key
+
+
+def tenant_of(candidate: str) -> str:
+    if ":" not in candidate:
+        raise ValueError(f"candidate key {candidate!r} must be '<tenant>:<name>' (register_candidate)")
+    return candidate.split(":", 1)[0]
+
+
+def _dir(warehouse: WarehouseResource, *parts: str):
+    import re
+
+    from ratchet.home import get_home
+
+    return get_home(warehouse.home).checkpoints.joinpath(*[re.sub(r"[^A-Za-z0-9_.-]+", "_", p) for p in parts])
+
+
+def _pointer(warehouse: WarehouseResource, *parts: str) -> dict:
+    import json
+
+    p = _dir(warehouse, *parts) / "latest.json"
+    if not p.exists():
+        raise FileNotFoundError(f"no {'/'.join(parts)} checkpoint yet ({p}): materialise it first")
+    return json.loads(p.read_text())
+
+
+def _set_pointer(warehouse: WarehouseResource, info: dict, *parts: str) -> None:
+    import json
+
+    d = _dir(warehouse, *parts)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "latest.tmp").write_text(json.dumps(info, default=str))
+    (d / "latest.tmp").replace(d / "latest.json")
+
+
+def _train_tasks(warehouse: WarehouseResource, limit: int | None) -> list[dict]:
+    rows = warehouse.store().read(TRAIN_TASKS_SQL)
+    if not rows:
+        raise ValueError("no train-split tasks: materialise tasks and split_assignments first")
+    return rows[:limit] if limit else rows
+
+
+def _metadata(home, out: dict, run, path, **extra) -> dict:
+    from ratchet.plots import markdown_image
+
+    return {"checkpoint": home.relative(path), "checkpoint_id": out["checkpoint_id"],
+            "model_version": f"{out['model_name']} v{out['version']}", "mlflow_run": dg.MetadataValue.url(run.url),
+            "learning_curve": dg.MetadataValue.md(markdown_image(out["curve"], "learning curve")),
+            "lineage": dg.MetadataValue.json({k.removeprefix("ratchet."): v for k, v in out["tags"].items()}), **extra}
+
+
+class BasePolicyConfig(dg.Config):
+    spec: str = "embedded"                # or a local HF checkpoint folder (never a hub id)
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    vocab_size: int = 4096
+    task_limit: int | None = None      # first N train tasks in the corpus (tests)
+    seed: int = 0
+
+
+@dg.asset(group_name="training", owners=OWNERS["training"], deps=["tasks", "split_assignments"], kinds={"pytorch"},
+          description="The untrained policy every candidate starts from: the embedded Qwen2-style model with a "
+                      "tokenizer trained on train-split tasks only (content-keyed, built once), or a local checkpoint.")
+def base_policy(context: dg.AssetExecutionContext, config: BasePolicyConfig,
+                warehouse: WarehouseResource) -> dg.MaterializeResult:
+    import time
+
+    from ratchet.home import get_home
+    from ratchet.policy.embedded.corpus import task_texts
+    from ratchet.policy.embedded.model import (
+        EmbeddedConfig,
+        base_manifest,
+        resolve_base_policy,
+    )
+    from sandboxes.tools import TOOL_SCHEMAS
+
+    home = get_home(warehouse.home)
+    emb = EmbeddedConfig(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                         intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers)
+    t0 = time.monotonic()
+    path = resolve_base_policy(config.spec, _dir(warehouse, "base"),
+                               lambda: task_texts(_train_tasks(warehouse, config.task_limit), TOOL_SCHEMAS),
+                               config=emb, seed=config.seed)
+    _set_pointer(warehouse, {"path": str(path)}, "base")
+    man = base_manifest(path) or {}
+    return dg.MaterializeResult(metadata={
+        "path": home.relative(path), "spec": config.spec, "build_or_reuse_s": round(time.monotonic() - t0, 2),
+        "parameters": man.get("parameters"), "corpus": dg.MetadataValue.json(
+            {k: v for k, v in man.items() if k not in ("parameters",) and not isinstance(v, (list, dict))})})
+
+
+class SFTConfig(dg.Config):
+    epochs: float = 6.0                   # docs/training.md run 4 (calls only, 1 thread)
+    max_steps: int = -1
+    learning_rate: float = 5e-3
+    batch_size: int = 2
+    max_length: int = 4096
+    thoughts: bool = False
+    threads: int = 1
+
+
+@dg.asset(partitions_def=CANDIDATES, group_name="training", owners=OWNERS["training"], pool="training",
+          deps=["base_policy", "training_set", "split_assignments"], kinds={"pytorch", "mlflow"},
+          description="SFT warm start (TRL) on the candidate's tenant's consented train-split trajectories, "
+                      "assistant tokens only; an MLflow model version with lineage and a `checkpoints` row.")
+def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehouse: WarehouseResource,
+                   tracking: MlflowTracking) -> dg.MaterializeResult:
+    from ratchet.home import get_home
+    from ratchet.training.data import tenant_training_rows
+    from ratchet.training.lineage import (
+        environment_digest,
+        inherited_manifest,
+        record_checkpoint,
+        write_lineage,
+    )
+    from ratchet.training.sft import SFTSettings, train_sft
+
+    cand, home = context.partition_key, get_home(warehouse.home)
+    tenant = tenant_of(cand)
+    base = _pointer(warehouse, "base")["path"]
+    with warehouse.store().connect() as con:
+        rows = tenant_training_rows(con, tenant)
+    if not rows:
+        raise ValueError(f"tenant {tenant!r} has no consented train-split trajectories in training_set")
+    out_dir = _dir(warehouse, cand, f"sft-{context.run_id[:8]}")
+    settings = SFTSettings(epochs=config.epochs, max_steps=config.max_steps, learning_rate=config.learning_rate,
+                           batch_size=config.batch_size, max_length=config.max_length, thoughts=config.thoughts,
+                           threads=config.threads)
+    with tracking.run(EXPERIMENT, f"sft {cand}", tags={"ratchet.stage": "sft"}, dagster_run_id=context.run_id,
+                    partition=cand) as run:
+        run.log_params({"base": base, **settings.__dict__})
+        res = train_sft(base, rows, out_dir, settings)
+        manifest = inherited_manifest(base, res.manifest)
+        write_lineage(out_dir, manifest)
+        env = environment_digest(r.get("environment_digest") for r in rows)
+        with warehouse.store().connect() as con:
+            out = record_checkpoint(con, run, tenant=tenant, candidate=cand.split(":", 1)[1], stage="sft",
+                                    checkpoint=out_dir, parent=base, manifest=manifest, env_digest=env,
+                                    dagster_run_id=context.run_id, cpu_s=res.cpu_s,
+                                    history=[{"step": i + 1, "loss": v} for i, v in enumerate(res.losses)])
+    _set_pointer(warehouse, {"path": str(out_dir), **{k: out[k] for k in ("checkpoint_id", "model_name", "version")}},
+                 cand, "sft")
+    return dg.MaterializeResult(metadata=_metadata(
+        home, out, run, out_dir, steps=res.steps, cpu_s=res.cpu_s, wall_s=res.wall_s, trajectories=res.n_examples,
+        loss_first=res.losses[0] if res.losses else None, loss_last=res.losses[-1] if res.losses else None,
+        loss_tokens=res.n_loss_tokens))
+
+
+class RLConfig(dg.Config):
+    steps: int = 10
+    tasks_per_step: int = 4
+    group_size: int = 4
+    learning_rate: float = 1e-4
+    beta: float = 0.04
+    temperature: float = 1.0
+    max_tokens: int = 64
+    max_turns: int = 6
+    checkpoint_every: int = 5
+    concurrency: int = 16
+    max_string: int = 64
+    task_limit: int | None = None      # first N train tasks (tests, quick runs)
+    seed: int = 0
+
+
+@dg.asset(partitions_def=CANDIDATES, group_name="training", owners=OWNERS["training"], pool="training",
+          deps=["sft_checkpoint", "split_assignments"], kinds={"pytorch", "mlflow"},
+          description="Multi-turn GRPO from the candidate's SFT checkpoint on train-split tasks in the sandbox "
+                      "(grammar-constrained rollouts, verifier rewards, KL to the SFT policy); resumes from its "
+                      "last checkpoint; an MLflow model version with lineage and a `checkpoints` row.")
+def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse: WarehouseResource,
+                  tracking: MlflowTracking) -> dg.MaterializeResult:
+    import json
+
+    from ratchet.home import get_home
+    from ratchet.training.grpo_loop import GRPOSettings, train_grpo
+    from ratchet.training.lineage import (
+        environment_digest,
+        inherited_manifest,
+        record_checkpoint,
+        write_lineage,
+    )
+    from sandboxes.bundle import TaskBundle
+    from sandboxes.runtime import LocalRuntime
+
+    cand, home = context.partition_key, get_home(warehouse.home)
+    tenant = tenant_of(cand)
+    sft = _pointer(warehouse, cand, "sft")
+    tasks = _train_tasks(warehouse, config.task_limit)
+    bundles = [TaskBundle.from_dict(json.loads(t["bundle"]) if isinstance(t["bundle"], str) else t["bundle"])
+               for t in tasks]
+    settings = GRPOSettings(**{k: getattr(config, k) for k in (
+        "steps", "tasks_per_step", "group_size", "learning_rate", "beta", "temperature", "max_tokens", "max_turns",
+        "checkpoint_every", "concurrency", "max_string", "seed")})
+    out_dir = _dir(warehouse, cand, f"rl-from-{sft['version']}")     # a re-run resumes here
+    with tracking.run(EXPERIMENT, f"rl {cand}", tags={"ratchet.stage": "rl"}, dagster_run_id=context.run_id,
+                    partition=cand) as run:
+        run.log_params({"start": sft["checkpoint_id"], **settings.__dict__})
+        res = train_grpo(sft["path"], bundles, out_dir, settings, runtime=LocalRuntime(),
+                         on_step=lambda r: context.log.info(
+                             f"step {r['step']}: reward {r['reward']} pass {r['pass_rate']} loss {r['loss']:.4f} "
+                             f"kl {r['kl']:.4f} infra {r['infra_failures']} ({r['step_s']} s)"))
+        manifest = inherited_manifest(sft["path"])
+        write_lineage(res.checkpoint, manifest)
+        with warehouse.store().connect() as con:
+            out = record_checkpoint(con, run, tenant=tenant, candidate=cand.split(":", 1)[1], stage="rl",
+                                    checkpoint=res.checkpoint, parent=sft["path"], parent_id=sft["checkpoint_id"],
+                                    manifest=manifest, env_digest=environment_digest(b.environment_digest for b in bundles),
+                                    dagster_run_id=context.run_id, cpu_s=res.cpu_s, history=res.history)
+    _set_pointer(warehouse, {"path": str(res.checkpoint), **{k: out[k] for k in ("checkpoint_id", "model_name", "version")}},
+                 cand, "rl")
+    last = res.history[-1] if res.history else {}
+    return dg.MaterializeResult(metadata=_metadata(
+        home, out, run, res.checkpoint, steps=len(res.history), cpu_s=res.cpu_s, wall_s=res.wall_s,
+        tasks=len(bundles), infra_failures=sum(h["infra_failures"] for h in res.history),
+        reward_last=last.get("reward"), pass_rate_last=last.get("pass_rate")))
+
+
+defs = dg.Definitions(assets=[base_policy, sft_checkpoint, rl_checkpoint])

@@ -1,0 +1,147 @@
+"""The training assets on a tiny configuration: base_policy -> sft_checkpoint -> rl_checkpoint for
+one candidate partition, over a real DuckDB warehouse (ingested fixture trajectories, the consent
+gate's training_set, train-split tasks) and a real MLflow sqlite store under tmp_path. Lineage:
+model versions with their tags, per-step metrics, the curve; revoking the grant flags both."""
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+pytestmark = pytest.mark.training
+
+NOW = datetime(2026, 11, 28, tzinfo=UTC)
+GRANTS = [
+    {"consent_id": "C-ACME", "tenant_id": "acme", "scopes": "train;eval", "retention_days": 90,
+     "granted_at": "2026-09-01T00:00:00Z"},
+    {"consent_id": "C-GLOBEX", "tenant_id": "globex", "scopes": "train", "retention_days": 90,
+     "granted_at": "2026-09-01T00:00:00Z"}]
+
+
+def _native(t, i, tenant, consent, tools):
+    ended = NOW - timedelta(days=3)
+    return {"schema_version": "ratchet.trajectory/v1", "trajectory_id": f"{tenant}-{i:02d}", "tenant_id": tenant,
+            "consent_id": consent, "task_id": t["task_id"], "repo": "humaneval", "agent_id": t["agent_id"],
+            "started_at": (ended - timedelta(minutes=1)).isoformat(), "ended_at": ended.isoformat(),
+            "messages": t["messages"], "tools": tools,
+            "outcome": {"tests_passed": True, "accepted": True, "human_edited": False}}
+
+
+@pytest.fixture
+def warehouse_home(tmp_path, trajectories, tools):
+    """Upstream tables as the consent and split stages leave them: trajectories (ingested),
+    consent_grants, training_set (the consent + split gate), tasks and their train split."""
+    from ratchet import store, tables
+    from ratchet.governance.consent import grant_rows, grants_from_rows
+    from ratchet.governance.tasks import task_rows
+    from ratchet.governance.training_views import training_rows
+    from ratchet.ingest import IngestOptions, ingest
+    from ratchet.warehouse import Warehouse
+    from sandboxes.humaneval import build_suite
+
+    wh = Warehouse(tmp_path / "warehouse.duckdb")
+    wh.ensure_schema()
+    expert = [t for t in trajectories if t["accepted"]][:4]
+    plan = [("acme", "C-ACME")] * 3 + [("globex", "C-GLOBEX")]
+    path = tmp_path / "logs.jsonl"
+    path.write_text("".join(json.dumps(_native(expert[i], i, ten, c, tools)) + "\n" for i, (ten, c) in enumerate(plan)))
+    ingest([path], wh, IngestOptions(workers=1))
+    grants = grants_from_rows(GRANTS)
+    bundles = build_suite(seed=0, limit=2, per_problem=2, cache_dir=tmp_path / "suite").tasks
+    with wh.connect() as con:
+        tables.ensure_all(con)
+        store.insert(con, "consent_grants", grant_rows(grants))
+        trajs = store.fetch(con, "SELECT record_id, trajectory_id, tenant_id, consent_id, task_id, started_at, "
+                                 "ended_at, accepted, tests_passed FROM trajectories")
+        train, _ = training_rows(trajs, grants, {t["record_id"]: {"split": "train", "cluster_id": t["task_id"]}
+                                                 for t in trajs}, NOW)
+        store.insert(con, "training_set", train)
+        store.insert(con, "tasks", task_rows(bundles, "test"))
+        store.insert(con, "split_assignments", [
+            {"id": f"task:{b.task_id}", "kind": "task", "source_id": b.task_id, "cluster_id": b.task_id,
+             "slice": None, "split": "train", "reason": "test", "tenant_id": None, "assigned_at": NOW}
+            for b in bundles])
+    return tmp_path, wh
+
+
+def test_training_module_loads_without_heavy_imports():
+    code = ("import sys, assets.training as t; heavy = [m for m in ('torch', 'transformers', 'trl', 'mlflow') "
+            "if m in sys.modules]; assert not heavy, heavy; print(sorted(str(k.to_user_string()) "
+            "for a in t.defs.assets for k in a.keys))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "base_policy" in out and "sft_checkpoint" in out and "rl_checkpoint" in out
+
+
+def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_home):
+    import dagster as dg
+    from mlflow.tracking import MlflowClient
+
+    from assets.training import (
+        CANDIDATES,
+        base_policy,
+        register_candidate,
+        rl_checkpoint,
+        sft_checkpoint,
+    )
+    from ratchet import store
+    from ratchet.governance.checkpoints import flag_checkpoints
+    from ratchet.training.data import data_manifest, tenant_training_rows
+    from resources import MlflowTracking, WarehouseResource
+
+    home, wh = warehouse_home
+    resources = {"warehouse": WarehouseResource(home=str(home)), "tracking": MlflowTracking(home=str(home))}
+    instance = dg.DagsterInstance.ephemeral()
+    key = register_candidate(instance, "acme", "c1")
+    assert key == "acme:c1" and instance.get_dynamic_partitions(CANDIDATES.name) == ["acme:c1"]
+    tiny_base = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "vocab_size": 512, "task_limit": 2}
+    cfg = {"ops": {
+        "base_policy": {"config": tiny_base},
+        "sft_checkpoint": {"config": {"max_steps": 3, "batch_size": 1, "max_length": 2048, "learning_rate": 1e-2}},
+        "rl_checkpoint": {"config": {"steps": 2, "tasks_per_step": 1, "group_size": 2, "max_tokens": 10,
+                                     "max_turns": 1, "checkpoint_every": 1, "concurrency": 2, "max_string": 8,
+                                     "task_limit": 2}}}}
+    r1 = dg.materialize([base_policy], instance=instance, resources=resources,
+                        run_config={"ops": {"base_policy": cfg["ops"]["base_policy"]}})
+    assert r1.success
+    r2 = dg.materialize([sft_checkpoint, rl_checkpoint], instance=instance, resources=resources, partition_key=key,
+                        run_config={"ops": {k: cfg["ops"][k] for k in ("sft_checkpoint", "rl_checkpoint")}})
+    assert r2.success
+    mats = {m.asset_key.to_user_string(): m.metadata for m in r2.asset_materializations_for_node("sft_checkpoint")
+            + r2.asset_materializations_for_node("rl_checkpoint")}
+    for k in ("sft_checkpoint", "rl_checkpoint"):
+        assert mats[k]["learning_curve"].value.startswith("![learning curve](data:image/png;base64,")
+        assert "/#/experiments/" in mats[k]["mlflow_run"].value
+    assert mats["rl_checkpoint"]["steps"].value == 2
+
+    # MLflow: one registered model for the candidate, a version per stage, lineage tags
+    with wh.connect() as con:
+        rows = tenant_training_rows(con, "acme")
+    manifest = data_manifest(rows)
+    assert len(rows) == 3                                       # globex's trajectory never reaches acme
+    c = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    versions = {v.tags["ratchet.stage"]: v for v in c.search_model_versions("name='ratchet-acme-c1'")}
+    assert set(versions) == {"sft", "rl"}
+    sft, rl = versions["sft"], versions["rl"]
+    for v in (sft, rl):
+        assert v.tags["ratchet.manifest_sha256"] == manifest["manifest_sha256"]
+        assert v.tags["ratchet.consent_ids"] == "C-ACME" and v.tags["ratchet.dagster_run_id"] == r2.run_id
+        assert float(v.tags["ratchet.cpu_s"]) > 0 and len(v.tags["ratchet.environment_digest"]) == 64
+    assert rl.tags["ratchet.parent_checkpoint"] == f"ratchet-acme-c1/{sft.version}"
+    assert "base-" in sft.tags["ratchet.parent_checkpoint"]
+    for name in ("loss", "reward", "kl", "pass_rate", "entropy"):
+        assert len(c.get_metric_history(rl.run_id, name)) == 2, name
+    assert len(c.get_metric_history(sft.run_id, "loss")) == 3
+    arts = {a.path for a in c.list_artifacts(rl.run_id)}
+    assert {"rl_curve.png", "manifest.json", "checkpoint"} <= arts
+
+    # Consent: nothing flagged while the grant stands; revoking it flags SFT and its RL child
+    with wh.connect() as con:
+        reg = store.fetch(con, "SELECT checkpoint_id, consent_ids, trained_record_ids FROM checkpoints ORDER BY 1")
+        assert [r["checkpoint_id"] for r in reg] == sorted([f"ratchet-acme-c1/{sft.version}", f"ratchet-acme-c1/{rl.version}"])
+        assert all(sorted(r["trained_record_ids"]) == manifest["record_ids"] for r in reg)
+        _, new = flag_checkpoints(con, NOW)
+        assert new == []
+        con.execute("UPDATE consent_grants SET revoked_at = ? WHERE consent_id = 'C-ACME'", [NOW])
+        _, new = flag_checkpoints(con, NOW + timedelta(seconds=1))
+    assert new == [r["checkpoint_id"] for r in reg]
