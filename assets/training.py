@@ -3,6 +3,7 @@
     tasks + split_assignments --> base_policy (unpartitioned; content-keyed, built once)
     base_policy + training_set [training_set_clean] + split_assignments [contamination] --> sft_checkpoint [candidate]
     sft_checkpoint + split_assignments --> rl_checkpoint [candidate]
+    sft_checkpoint + training_set --> dpo_checkpoint [candidate] (optional: preferred vs rejected pairs)
 
 Candidates are dynamic partitions ("candidates", keys "<tenant>:<name>": add one with
 `register_candidate`, the UI or a schedule). SFT reads only the tenant's consented `training_set`
@@ -145,6 +146,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
         environment_digest,
         inherited_manifest,
         record_checkpoint,
+        trajectory_environments,
         write_lineage,
     )
     from ratchet.training.sft import SFTSettings, train_sft
@@ -166,8 +168,8 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
         res = train_sft(base, rows, out_dir, settings)
         manifest = inherited_manifest(base, res.manifest)
         write_lineage(out_dir, manifest)
-        env = environment_digest(r.get("environment_digest") for r in rows)
         with warehouse.store().connect() as con:
+            env = environment_digest(trajectory_environments(con, res.manifest["record_ids"]))
             out = record_checkpoint(con, run, tenant=tenant, candidate=cand.split(":", 1)[1], stage="sft",
                                     checkpoint=out_dir, parent=base, manifest=manifest, env_digest=env,
                                     dagster_run_id=context.run_id, cpu_s=res.cpu_s,
@@ -178,6 +180,66 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
         home, out, run, out_dir, steps=res.steps, cpu_s=res.cpu_s, wall_s=res.wall_s, trajectories=res.n_examples,
         loss_first=res.losses[0] if res.losses else None, loss_last=res.losses[-1] if res.losses else None,
         loss_tokens=res.n_loss_tokens))
+
+
+class DPOConfig(dg.Config):
+    beta: float = 0.1
+    epochs: float = 1.0
+    max_steps: int = -1
+    learning_rate: float = 5e-4
+    batch_size: int = 2
+    max_length: int = 4096
+    max_pairs_per_task: int = 4
+    threads: int = 1
+
+
+@dg.asset(partitions_def=CANDIDATES, group_name="training", owners=OWNERS["training"], pool="training",
+          deps=["sft_checkpoint", "training_set", "split_assignments"], kinds={"pytorch", "mlflow"},
+          description="Optional: DPO (TRL) from the candidate's SFT checkpoint on preferred vs rejected trajectories "
+                      "of the same task from the tenant's consented training_set (tool output out of the "
+                      "preference mask); an MLflow model version with lineage and a `checkpoints` row.")
+def dpo_checkpoint(context: dg.AssetExecutionContext, config: DPOConfig, warehouse: WarehouseResource,
+                   tracking: MlflowTracking) -> dg.MaterializeResult:
+    from ratchet.home import get_home
+    from ratchet.training.data import tenant_training_rows
+    from ratchet.training.dpo import DPOSettings, preference_pairs, train_dpo
+    from ratchet.training.lineage import (
+        environment_digest,
+        inherited_manifest,
+        record_checkpoint,
+        trajectory_environments,
+        write_lineage,
+    )
+
+    cand, home = context.partition_key, get_home(warehouse.home)
+    tenant = tenant_of(cand)
+    sft = _pointer(warehouse, cand, "sft")
+    with warehouse.store().connect() as con:
+        rows = tenant_training_rows(con, tenant, accepted_only=False)
+    pairs = preference_pairs(rows, config.max_pairs_per_task)
+    if not pairs:
+        raise ValueError(f"tenant {tenant!r} has no task with both an accepted and a rejected trajectory")
+    settings = DPOSettings(**{k: getattr(config, k) for k in DPOConfig.model_fields})
+    out_dir = _dir(warehouse, cand, f"dpo-{context.run_id[:8]}")
+    with tracking.run(EXPERIMENT, f"dpo {cand}", tags={"ratchet.stage": "dpo"}, dagster_run_id=context.run_id,
+                      partition=cand) as run:
+        run.log_params({"start": sft["checkpoint_id"], **settings.__dict__})
+        res = train_dpo(sft["path"], pairs, out_dir, settings)
+        manifest = inherited_manifest(sft["path"], res.manifest)
+        write_lineage(out_dir, manifest)
+        hist = [{"step": i + 1, "loss": v, "reward_margin": m}
+                for i, (v, m) in enumerate(zip(res.losses, res.reward_margins))]
+        with warehouse.store().connect() as con:
+            env = environment_digest(trajectory_environments(con, res.manifest["record_ids"]))
+            out = record_checkpoint(con, run, tenant=tenant, candidate=cand.split(":", 1)[1], stage="dpo",
+                                    checkpoint=out_dir, parent=sft["path"], parent_id=sft["checkpoint_id"],
+                                    manifest=manifest, env_digest=env,
+                                    dagster_run_id=context.run_id, cpu_s=res.cpu_s, history=hist)
+    _set_pointer(warehouse, {"path": str(out_dir), **{k: out[k] for k in ("checkpoint_id", "model_name", "version")}},
+                 cand, "dpo")
+    return dg.MaterializeResult(metadata=_metadata(
+        home, out, run, out_dir, steps=res.steps, cpu_s=res.cpu_s, wall_s=res.wall_s, pairs=res.n_pairs,
+        loss_first=res.losses[0] if res.losses else None, loss_last=res.losses[-1] if res.losses else None))
 
 
 class RLConfig(dg.Config):
@@ -249,4 +311,4 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
         reward_last=last.get("reward"), pass_rate_last=last.get("pass_rate")))
 
 
-defs = dg.Definitions(assets=[base_policy, sft_checkpoint, rl_checkpoint])
+defs = dg.Definitions(assets=[base_policy, sft_checkpoint, dpo_checkpoint, rl_checkpoint])

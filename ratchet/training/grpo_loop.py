@@ -289,3 +289,50 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
     return GRPOResult(checkpoint=final, history=history, checkpoints=saved, batches=batches,
                       cpu_s=round(cpu_before + _cpu_now() - c0, 3), wall_s=round(wall_before + time.monotonic() - t0, 3),
                       parent=str(start), task_ids=task_ids)
+
+
+def main(argv=None) -> int:
+    """Measure GRPO from a checkpoint on train-split HumanEval repair tasks (even problem numbers,
+    as ratchet.training.measure_sft splits them); prints one line per step and a JSON summary.
+
+        .venv/bin/python -m ratchet.training.grpo_loop --start /tmp/trn/measure4/sft --steps 12
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(description="GRPO measurement run")
+    ap.add_argument("--start", required=True)
+    ap.add_argument("--out", default="/tmp/ratchet-grpo-measure")
+    ap.add_argument("--problems", type=int, default=30)
+    for k, v in (("steps", 12), ("tasks_per_step", 4), ("group_size", 4), ("max_turns", 6), ("max_tokens", 64),
+                 ("concurrency", 16), ("checkpoint_every", 4), ("seed", 0)):
+        ap.add_argument("--" + k.replace("_", "-"), type=int, default=v)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--beta", type=float, default=0.04)
+    ap.add_argument("--fresh", action="store_true", help="ignore checkpoints in --out")
+    a = ap.parse_args(argv)
+
+    from sandboxes.humaneval import build_suite
+    from sandboxes.runtime import LocalRuntime
+
+    suite = build_suite(seed=0, limit=a.problems)
+    train = [b for b in suite.tasks if int(str(b.metadata.get("problem_id", "x/0")).split("/")[-1]) % 2 == 0]
+    s = GRPOSettings(steps=a.steps, tasks_per_step=a.tasks_per_step, group_size=a.group_size, max_turns=a.max_turns,
+                     max_tokens=a.max_tokens, concurrency=a.concurrency, checkpoint_every=a.checkpoint_every,
+                     seed=a.seed, learning_rate=a.lr, beta=a.beta)
+    if a.fresh:
+        shutil.rmtree(a.out, ignore_errors=True)
+    keys = ("step", "reward", "pass_rate", "loss", "kl", "entropy", "infra_failures", "flat_groups", "policy_tokens",
+            "logprob_gap", "rollout_s", "update_s", "step_s", "cpu_s")
+    res = train_grpo(a.start, train, a.out, s, runtime=LocalRuntime(), resume=not a.fresh,
+                     on_step=lambda r: print(json.dumps({k: (round(r[k], 4) if isinstance(r[k], float) else r[k])
+                                                         for k in keys}), flush=True))
+    h = res.history
+    print(json.dumps({"steps": len(h), "train_tasks": len(train), "cpu_s": res.cpu_s, "wall_s": res.wall_s,
+                      "mean_step_s": round(sum(x["step_s"] for x in h) / len(h), 2),
+                      "reward_by_step": [x["reward"] for x in h], "pass_by_step": [x["pass_rate"] for x in h],
+                      "infra_failures": sum(x["infra_failures"] for x in h), "checkpoint": str(res.checkpoint)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-CURVE_KEYS = ("loss", "reward", "kl", "pass_rate", "entropy")
+CURVE_KEYS = ("loss", "reward", "kl", "pass_rate", "entropy", "reward_margin")
 
 
 def model_name(tenant: str, candidate: str) -> str:
@@ -50,6 +50,13 @@ def environment_digest(env_digests: Iterable[str], packages: Sequence[str] = ("t
             vers[p] = None
     blob = json.dumps({"environments": sorted({d for d in env_digests if d}), "packages": vers}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def trajectory_environments(con, record_ids: Iterable[str]) -> list[str]:
+    """The sandbox environment digests the given trajectories were recorded in."""
+    rows = con.execute("SELECT DISTINCT environment_digest FROM trajectories WHERE list_contains(?, record_id)",
+                       [sorted(set(record_ids))]).fetchall()
+    return sorted(r[0] for r in rows if r[0])
 
 
 def checkpoint_meta(path: str | Path) -> dict:

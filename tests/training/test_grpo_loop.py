@@ -121,6 +121,9 @@ def test_resume_after_stop_gives_the_same_next_batch(start, bundles, runtime, tm
     full = train_grpo(start, bundles, tmp_path / "full", s, runtime=runtime)
     part = train_grpo(start, bundles, tmp_path / "part", s, runtime=runtime, stop_after=2)
     assert [c.name for c in part.checkpoints] == ["step-00002"] and len(part.batches) == 2
+    junk = tmp_path / "part" / ".tmp-step-00003-999"         # what a kill in the middle of a save leaves
+    junk.mkdir()
+    (junk / "model.safetensors").write_bytes(b"partial")
     resumed = train_grpo(start, bundles, tmp_path / "part", s, runtime=runtime)
     assert len(resumed.batches) == 1
     assert resumed.batches[0] == full.batches[2] == step_batch([b.task_id for b in bundles], s, 2)

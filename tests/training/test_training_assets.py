@@ -25,7 +25,7 @@ def _native(t, i, tenant, consent, tools):
             "consent_id": consent, "task_id": t["task_id"], "repo": "humaneval", "agent_id": t["agent_id"],
             "started_at": (ended - timedelta(minutes=1)).isoformat(), "ended_at": ended.isoformat(),
             "messages": t["messages"], "tools": tools,
-            "outcome": {"tests_passed": True, "accepted": True, "human_edited": False}}
+            "outcome": {"tests_passed": t["tests_passed"], "accepted": t["accepted"], "human_edited": False}}
 
 
 @pytest.fixture
@@ -42,10 +42,14 @@ def warehouse_home(tmp_path, trajectories, tools):
 
     wh = Warehouse(tmp_path / "warehouse.duckdb")
     wh.ensure_schema()
-    expert = [t for t in trajectories if t["accepted"]][:4]
-    plan = [("acme", "C-ACME")] * 3 + [("globex", "C-GLOBEX")]
+    # acme: two accepted expert runs and a rejected noisy run of the first one's task (a DPO pair);
+    # globex: one accepted run that must never reach acme's candidate
+    expert = [t for t in trajectories if t["agent_id"].startswith("expert")]
+    noisy = next(t for t in trajectories if t["task_id"] == expert[0]["task_id"] and not t["accepted"])
+    plan = [(expert[0], "acme", "C-ACME"), (noisy, "acme", "C-ACME"), (expert[2], "acme", "C-ACME"),
+            (expert[3], "globex", "C-GLOBEX")]
     path = tmp_path / "logs.jsonl"
-    path.write_text("".join(json.dumps(_native(expert[i], i, ten, c, tools)) + "\n" for i, (ten, c) in enumerate(plan)))
+    path.write_text("".join(json.dumps(_native(t, i, ten, c, tools)) + "\n" for i, (t, ten, c) in enumerate(plan)))
     ingest([path], wh, IngestOptions(workers=1))
     grants = grants_from_rows(GRANTS)
     bundles = build_suite(seed=0, limit=2, per_problem=2, cache_dir=tmp_path / "suite").tasks
@@ -65,6 +69,14 @@ def warehouse_home(tmp_path, trajectories, tools):
     return tmp_path, wh
 
 
+def _rejected(wh):
+    from ratchet import store
+
+    with wh.connect() as con:
+        return store.fetch(con, "SELECT t.record_id FROM training_set ts JOIN trajectories t USING (record_id) "
+                                "WHERE ts.tenant_id = 'acme' AND NOT t.accepted")
+
+
 def test_training_module_loads_without_heavy_imports():
     code = ("import sys, assets.training as t; heavy = [m for m in ('torch', 'transformers', 'trl', 'mlflow') "
             "if m in sys.modules]; assert not heavy, heavy; print(sorted(str(k.to_user_string()) "
@@ -80,6 +92,7 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
     from assets.training import (
         CANDIDATES,
         base_policy,
+        dpo_checkpoint,
         register_candidate,
         rl_checkpoint,
         sft_checkpoint,
@@ -98,18 +111,19 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
     cfg = {"ops": {
         "base_policy": {"config": tiny_base},
         "sft_checkpoint": {"config": {"max_steps": 3, "batch_size": 1, "max_length": 2048, "learning_rate": 1e-2}},
+        "dpo_checkpoint": {"config": {"max_steps": 2, "batch_size": 1, "max_length": 2048}},
         "rl_checkpoint": {"config": {"steps": 2, "tasks_per_step": 1, "group_size": 2, "max_tokens": 10,
                                      "max_turns": 1, "checkpoint_every": 1, "concurrency": 2, "max_string": 8,
                                      "task_limit": 2}}}}
     r1 = dg.materialize([base_policy], instance=instance, resources=resources,
                         run_config={"ops": {"base_policy": cfg["ops"]["base_policy"]}})
     assert r1.success
-    r2 = dg.materialize([sft_checkpoint, rl_checkpoint], instance=instance, resources=resources, partition_key=key,
-                        run_config={"ops": {k: cfg["ops"][k] for k in ("sft_checkpoint", "rl_checkpoint")}})
+    stages = ("sft_checkpoint", "dpo_checkpoint", "rl_checkpoint")
+    r2 = dg.materialize([sft_checkpoint, dpo_checkpoint, rl_checkpoint], instance=instance, resources=resources,
+                        partition_key=key, run_config={"ops": {k: cfg["ops"][k] for k in stages}})
     assert r2.success
-    mats = {m.asset_key.to_user_string(): m.metadata for m in r2.asset_materializations_for_node("sft_checkpoint")
-            + r2.asset_materializations_for_node("rl_checkpoint")}
-    for k in ("sft_checkpoint", "rl_checkpoint"):
+    mats = {m.asset_key.to_user_string(): m.metadata for k in stages for m in r2.asset_materializations_for_node(k)}
+    for k in stages:
         assert mats[k]["learning_curve"].value.startswith("![learning curve](data:image/png;base64,")
         assert "/#/experiments/" in mats[k]["mlflow_run"].value
     assert mats["rl_checkpoint"]["steps"].value == 2
@@ -118,13 +132,17 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
     with wh.connect() as con:
         rows = tenant_training_rows(con, "acme")
     manifest = data_manifest(rows)
-    assert len(rows) == 3                                       # globex's trajectory never reaches acme
+    assert len(rows) == 2                                       # globex's trajectory never reaches acme
     c = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     versions = {v.tags["ratchet.stage"]: v for v in c.search_model_versions("name='ratchet-acme-c1'")}
-    assert set(versions) == {"sft", "rl"}
-    sft, rl = versions["sft"], versions["rl"]
-    for v in (sft, rl):
-        assert v.tags["ratchet.manifest_sha256"] == manifest["manifest_sha256"]
+    assert set(versions) == {"sft", "dpo", "rl"}
+    sft, dpo, rl = versions["sft"], versions["dpo"], versions["rl"]
+    with_rejected = data_manifest([*rows, *_rejected(wh)])
+    assert dpo.tags["ratchet.manifest_sha256"] == with_rejected["manifest_sha256"]     # SFT's data + the pair's
+    assert dpo.tags["ratchet.parent_checkpoint"] == f"ratchet-acme-c1/{sft.version}"
+    assert sft.tags["ratchet.environment_digest"] != rl.tags["ratchet.environment_digest"]
+    for v in (sft, dpo, rl):
+        assert v.tags["ratchet.manifest_sha256"] == (with_rejected if v is dpo else manifest)["manifest_sha256"]
         assert v.tags["ratchet.consent_ids"] == "C-ACME" and v.tags["ratchet.dagster_run_id"] == r2.run_id
         assert float(v.tags["ratchet.cpu_s"]) > 0 and len(v.tags["ratchet.environment_digest"]) == 64
     assert rl.tags["ratchet.parent_checkpoint"] == f"ratchet-acme-c1/{sft.version}"
@@ -138,8 +156,9 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
     # Consent: nothing flagged while the grant stands; revoking it flags SFT and its RL child
     with wh.connect() as con:
         reg = store.fetch(con, "SELECT checkpoint_id, consent_ids, trained_record_ids FROM checkpoints ORDER BY 1")
-        assert [r["checkpoint_id"] for r in reg] == sorted([f"ratchet-acme-c1/{sft.version}", f"ratchet-acme-c1/{rl.version}"])
-        assert all(sorted(r["trained_record_ids"]) == manifest["record_ids"] for r in reg)
+        assert [r["checkpoint_id"] for r in reg] == sorted(f"ratchet-acme-c1/{v.version}" for v in (sft, dpo, rl))
+        assert all(set(r["trained_record_ids"]) >= set(manifest["record_ids"]) for r in reg)
+        assert all(r["consent_ids"] == ["C-ACME"] for r in reg)
         _, new = flag_checkpoints(con, NOW)
         assert new == []
         con.execute("UPDATE consent_grants SET revoked_at = ? WHERE consent_id = 'C-ACME'", [NOW])
