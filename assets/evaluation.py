@@ -13,7 +13,7 @@ from typing import Optional
 
 import dagster as dg
 
-from assets import OWNERS
+from assets import OWNERS, table_metadata
 from resources import MlflowTracking, WarehouseResource
 
 POLICIES = dg.DynamicPartitionsDefinition(name="policies")
@@ -28,14 +28,6 @@ def register_policies(instance: dg.DagsterInstance, policy_ids=DEFAULT_POLICIES)
     if new:
         instance.add_dynamic_partitions(POLICIES.name, new)
     return new
-
-
-def _columns(table: str) -> dict:
-    from ratchet.evaluation.tables import TABLES
-
-    return {"dagster/column_schema": dg.TableSchema(columns=[
-                dg.TableColumn(f.name, str(f.type)) for f in TABLES[table]]),
-            "dagster/table_name": f"warehouse.main.{table}"}
 
 
 def _manifest_path(warehouse: WarehouseResource, configured: Optional[str]):
@@ -73,7 +65,7 @@ def judge_config(kind: str, base_url: Optional[str], model: Optional[str]) -> di
 
 
 @dg.asset(partitions_def=POLICY_X_SEED, group_name="evaluation", owners=OWNERS["evaluation"],
-          deps=["holdout_manifest"], kinds={"duckdb"}, pool="sandbox", metadata=_columns("eval_episodes"),
+          deps=["holdout_manifest"], kinds={"duckdb"}, pool="sandbox", metadata=table_metadata("eval_episodes"),
           description="Every locked holdout task, one seed, one policy, in the hermetic sandbox: one "
                       "`eval_episodes` row each. The manifest is verified first; finished episodes are skipped.")
 def holdout_eval(context: dg.AssetExecutionContext, config: HoldoutEvalConfig,
@@ -109,7 +101,7 @@ class SummaryConfig(dg.Config):
 
 
 @dg.asset(group_name="evaluation", owners=OWNERS["evaluation"], deps=[holdout_eval], kinds={"duckdb"},
-          pool="warehouse", metadata=_columns("eval_summary"),
+          pool="warehouse", metadata=table_metadata("eval_summary"),
           description="Per policy: majority-of-seeds pass rate with a 95% bootstrap CI (explicit denominators, "
                       "infra failures beside), seed spread, paired difference to the baseline, gate and "
                       "human-intervention rates, latency, turns; per slice.")
@@ -140,8 +132,8 @@ class JudgeCalibrationConfig(dg.Config):
     seed: int = 0
 
 
-@dg.asset(group_name="evaluation", owners=OWNERS["evaluation"], deps=["task_suite"], kinds={"duckdb"},
-          pool="warehouse", metadata=_columns("judge_calibration"),
+@dg.asset(group_name="evaluation", owners=OWNERS["evaluation"], deps=["tasks"], kinds={"duckdb"},
+          pool="warehouse", metadata=table_metadata("judge_calibration"),
           description="Cohen's kappa (bootstrap CI) between the judge's root-cause verdict and gold labels: "
                       "human labels from a CSV, else the embedded suite's recorded ground truth. Appended.")
 def judge_calibration(context: dg.AssetExecutionContext, config: JudgeCalibrationConfig,
@@ -200,7 +192,7 @@ class EconomicsConfig(dg.Config):
 
 
 @dg.asset(group_name="evaluation", owners=OWNERS["evaluation"], deps=[holdout_eval], kinds={"duckdb"},
-          pool="warehouse", metadata=_columns("economics"),
+          pool="warehouse", metadata=table_metadata("economics"),
           description="The rate card over measured episodes: variable cost per accepted run, training "
                       "investment, sample- and production-amortised cost, break-even vs the baseline.")
 def economics(context: dg.AssetExecutionContext, config: EconomicsConfig,
@@ -266,7 +258,8 @@ evaluation_report_job = dg.define_asset_job(
 
 
 def run_evaluation(instance: dg.DagsterInstance, resources: dict, policies=DEFAULT_POLICIES, seeds=("0", "1", "2"),
-                   holdout_config: Optional[dict] = None, report_ops: Optional[dict] = None, log=print) -> bool:
+                   holdout_config: Optional[dict] = None, report_ops: Optional[dict] = None, log=print,
+                   tags: Optional[dict] = None) -> bool:
     """What `make demo` runs: every policy x seed partition of holdout_eval (each resumes), then the
     report assets with their checks. Returns True when every run succeeded."""
     register_policies(instance, policies)
@@ -275,12 +268,13 @@ def run_evaluation(instance: dg.DagsterInstance, resources: dict, policies=DEFAU
         for s in seeds:
             res = dg.materialize([holdout_eval], partition_key=dg.MultiPartitionKey({"policy": p, "seed": s}),
                                  instance=instance, resources=resources, raise_on_error=False,
-                                 run_config={"ops": {"holdout_eval": {"config": holdout_config or {}}}})
+                                 run_config={"ops": {"holdout_eval": {"config": holdout_config or {}}}},
+                                 tags={**(tags or {}), "ratchet/stage": "holdout_eval"})
             ok &= res.success
             log(f"holdout_eval {p} seed {s}: {'ok' if res.success else 'FAILED'}")
     res = dg.materialize([eval_summary, economics, scorecard, judge_calibration, judge_kappa_drift, judge_kappa_gate],
                          instance=instance, resources=resources, raise_on_error=False,
-                         run_config={"ops": report_ops or {}})
+                         run_config={"ops": report_ops or {}}, tags={**(tags or {}), "ratchet/stage": "evaluation_report"})
     return ok and res.success
 
 

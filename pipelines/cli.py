@@ -86,7 +86,21 @@ def cmd_query(args) -> int:
 def cmd_demo(args) -> int:
     from pipelines.demo import run_demo
 
-    return run_demo(_home(args), quick=args.quick, tasks=args.tasks)
+    return run_demo(_home(args), quick=args.quick, tasks=args.tasks, eval_tasks=args.eval_tasks)
+
+
+def cmd_scorecard(args) -> int:
+    from ratchet.evaluation.io import scorecard_text
+    from ratchet.warehouse import Warehouse
+
+    home = _home(args)
+    wh = Warehouse(home.warehouse)
+    if not wh.exists():
+        print(f"ratchet scorecard: no warehouse at {home.warehouse}; run `make demo` first", file=sys.stderr)
+        return 2
+    wh.ensure_schema()
+    print(scorecard_text(wh))
+    return 0
 
 
 def serve(cmd: list[str], env: dict, cwd: Path) -> int:
@@ -228,7 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("demo", help="run the whole lifecycle on the embedded default")
     s.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
     s.add_argument("--tasks", type=int, help="how many tasks the reference agents run (default 120, quick 16)")
+    s.add_argument("--eval-tasks", type=int, help="locked holdout tasks evaluated per policy x seed (default 20, "
+                                                  "quick 4; 400 = the reference workload)")
     s.set_defaults(fn=cmd_demo)
+
+    s = sub.add_parser("scorecard", help="print the scorecard (policies side by side, CIs, denominators, economics)")
+    s.set_defaults(fn=cmd_scorecard)
 
     s = sub.add_parser("ui", help="start the Dagster UI")
     s.add_argument("--port", type=int, default=3000)

@@ -2,16 +2,16 @@
 here with the jobs, sensors and resources. Keep imports light: no torch/mlflow/GX here."""
 from dagster import Definitions
 
-from assets import consent, ingest, splits, tasks
+from assets import consent, evaluation, ingest, promotion, splits, tasks
 from resources import MlflowTracking, WarehouseResource
 
-from .jobs import governance_job, ingest_job
+from .jobs import governance_job, ingest_job, lifecycle_job
 from .sensors import landing_sensor
 
-LAYERS = (ingest.defs, tasks.defs, splits.defs, consent.defs)
+LAYERS = (ingest.defs, tasks.defs, splits.defs, consent.defs, evaluation.defs, promotion.defs)
 
 defs = Definitions.merge(
     *LAYERS,
-    Definitions(jobs=[ingest_job, governance_job], sensors=[landing_sensor],
+    Definitions(jobs=[ingest_job, governance_job, lifecycle_job], sensors=[landing_sensor],
                 resources={"warehouse": WarehouseResource(), "tracking": MlflowTracking()}),
 )

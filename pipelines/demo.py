@@ -5,9 +5,12 @@ Dagster instance under RATCHET_HOME (so `ratchet ui` shows the runs afterwards).
 2. Run the reference agents in the real sandbox and write their logs into the landing folder
    the way production logs arrive (tenants, consent grants, re-logged duplicates, bad lines),
    plus one sample of every foreign format.
-3. Materialise every asset: ingest -> tasks -> dedup -> locked splits -> contamination gate ->
-   consent -> training views.
-4. Print a summary (the last line is JSON)."""
+3. Run the named `lifecycle_job`: ingest -> tasks -> dedup -> locked splits -> contamination gate
+   -> consent -> training views -> judge calibration.
+4. Evaluate the policies on the locked holdout, 3 seeds each (`holdout_eval` partitions; the
+   demo evaluates the first `eval_tasks` holdout tasks and says so), then the summary, economics
+   and the scorecard, which is printed.
+5. Print a summary (the last line is JSON)."""
 from __future__ import annotations
 
 import json
@@ -15,8 +18,9 @@ import sys
 import time
 from datetime import datetime, timezone
 
-QUICK = {"problems": 12, "tasks": 16}
-FULL = {"problems": None, "tasks": 120}
+QUICK = {"problems": 12, "tasks": 16, "eval_tasks": 4}
+FULL = {"problems": None, "tasks": 120, "eval_tasks": 20}
+DEMO_POLICIES = ("harness:random", "harness:sbfl", "scripted:expert")
 
 
 def _say(msg: str) -> None:
@@ -49,9 +53,10 @@ def prepare_landing(home, size: dict) -> dict:
     return {"agent_log_lines": logs.get("lines"), "trajectories": logs.get("trajectories"), **samples}
 
 
-def run_demo(home, quick: bool = False, tasks: int | None = None) -> int:
+def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: int | None = None) -> int:
     from dagster import DagsterInstance
 
+    from assets.evaluation import run_evaluation
     from pipelines.definitions import defs
 
     t0 = time.perf_counter()
@@ -59,20 +64,37 @@ def run_demo(home, quick: bool = False, tasks: int | None = None) -> int:
     size = dict(QUICK if quick else FULL)
     if tasks:
         size["tasks"] = tasks
+    if eval_tasks:
+        size["eval_tasks"] = eval_tasks
     written = prepare_landing(home, size)
     _say(f"landing folder ready: {written}")
-    job = defs.resolve_implicit_global_asset_job_def()
+    job = defs.resolve_job_def("lifecycle_job")
     run_config = {"loggers": {"console": {"config": {"log_level": "INFO"}}},
                   "ops": {"task_suite": {"config": {"limit": size["problems"]}}}}
+    tags = {"ratchet/trigger": "demo", "ratchet/size": "quick" if quick else "default"}
     with DagsterInstance.get() as instance:
-        result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=run_config)
-    for ev in result.get_asset_check_evaluations():
-        verdict = "passed" if ev.passed else ("FAILED" if ev.severity.value == "ERROR" else "warning")
-        _say(f"check {ev.asset_key.to_user_string()}:{ev.check_name} -> {verdict}")
-    if not result.success:
-        _say("the lifecycle run failed; see `ratchet ui` for the step logs")
-        return 1
+        result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=run_config, tags=tags)
+        for ev in result.get_asset_check_evaluations():
+            verdict = "passed" if ev.passed else ("FAILED" if ev.severity.value == "ERROR" else "warning")
+            _say(f"check {ev.asset_key.to_user_string()}:{ev.check_name} -> {verdict}")
+        if not result.success:
+            _say("the lifecycle run failed; see `ratchet ui` for the step logs")
+            return 1
+        n = size["eval_tasks"]
+        _say(f"evaluating {', '.join(DEMO_POLICIES)} x 3 seeds on the first {n} locked holdout tasks "
+             f"(the demo's smaller holdout; the reference workload is 400 x 3: ratchet demo --eval-tasks 400)")
+        ok = run_evaluation(instance, defs.resources, policies=DEMO_POLICIES,
+                            holdout_config={"task_limit": n}, log=_say, tags=tags)
+        if not ok:
+            _say("the evaluation failed; see `ratchet ui` for the step logs")
+            return 1
     summary = collect_summary(home)
+    from ratchet.evaluation.io import scorecard_text
+    from ratchet.warehouse import Warehouse
+
+    print(scorecard_text(Warehouse(home.warehouse)), file=sys.stderr)
+    _say(f"scorecard stored at {home.root / 'scorecard.md'} (and in the scorecard asset's metadata and MLflow); "
+         f"`ratchet scorecard` prints it again")
     _say(f"done in {time.perf_counter() - t0:.0f} s. Try: ratchet query \"SELECT * FROM v_split_summary\"")
     print(json.dumps({"demo": "ok", "warehouse": str(home.warehouse), **summary}, default=str))
     return 0
@@ -93,4 +115,5 @@ def collect_summary(home) -> dict:
             "holdout_sha256": one("SELECT manifest_sha256 FROM holdout_manifest ORDER BY version DESC LIMIT 1")[0][0],
             "training_set_by_tenant": dict(one("SELECT tenant_id, count(*) FROM training_set GROUP BY 1 ORDER BY 1")),
             "consent_excluded": dict(one("SELECT reason, count(*) FROM consent_audit GROUP BY 1 ORDER BY 2 DESC")),
+            "pass_rates": {p: d for p, d in one("SELECT policy_id, pass_rate_display FROM v_eval_latest ORDER BY 1")},
         }

@@ -13,18 +13,15 @@ ratchet.tables.LAYERS and `Warehouse.ensure_schema` creates them; `ensure(con)` 
 """
 from __future__ import annotations
 
-import json
 from typing import Iterable, Mapping
 
 import pyarrow as pa
 
-JSON = {"format": "json"}
-TS = pa.timestamp("us", tz="UTC")
+from ratchet.store import fetch, insert, replace, transaction
+from ratchet.tables import JSON, TS, to_table
+from ratchet.tables import schema as _schema
+
 F, I, S, B = pa.float64(), pa.int64(), pa.string(), pa.bool_()
-
-
-def _schema(*fields) -> pa.Schema:
-    return pa.schema([pa.field(n, t, metadata=m[0] if m else None) for n, t, *m in fields])
 
 
 EVAL_EPISODES = _schema(
@@ -81,75 +78,31 @@ VIEWS = {
 
 def ensure(con) -> None:
     """Create the evaluation tables and views (idempotent)."""
-    from ratchet.contract import duck_ddl
+    from ratchet.tables import ddl
 
-    for name, schema in TABLES.items():
-        con.execute(duck_ddl(name, schema))
+    for name in TABLES:
+        con.execute(ddl(name))
     for name, sql in VIEWS.items():
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
 
 
-def to_arrow(name: str, rows: Iterable[Mapping]) -> pa.Table:
-    """Rows (dicts; extra keys ignored, JSON columns serialised) -> the table's exact schema."""
-    schema = TABLES[name]
-    cols: dict[str, list] = {n: [] for n in schema.names}
-    for r in rows:
-        for f in schema:
-            v = r.get(f.name)
-            if v is not None and (f.metadata or {}).get(b"format") == b"json" and not isinstance(v, str):
-                v = json.dumps(v, sort_keys=True, default=str)
-            cols[f.name].append(v)
-    return pa.table({n: pa.array(cols[n], schema.field(n).type) for n in schema.names}, schema=schema)
-
-
-def _insert(con, name: str, tbl: pa.Table) -> int:
-    if tbl.num_rows:
-        con.register("_eval_rows", tbl)
-        try:
-            con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _eval_rows")
-        finally:
-            con.unregister("_eval_rows")
-    return tbl.num_rows
+# Row coercion and writes are the shared ones (ratchet.tables / ratchet.store); these names stay
+# for the evaluation code that calls them.
+to_arrow = to_table
+replace_rows = replace
+append_rows = insert
 
 
 def write_episodes(con, rows: list[Mapping]) -> int:
     """Upsert by eval_id (a re-run of the same episode replaces its row), in one transaction."""
-    tbl = to_arrow("eval_episodes", rows)
-    con.execute("BEGIN TRANSACTION")
-    try:
+    tbl = to_table("eval_episodes", rows)
+    with transaction(con):
         con.register("_eval_ids", tbl.select(["eval_id"]))
-        con.execute("DELETE FROM eval_episodes WHERE eval_id IN (SELECT eval_id FROM _eval_ids)")
-        con.unregister("_eval_ids")
-        n = _insert(con, "eval_episodes", tbl)
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    con.execute("COMMIT")
-    return n
-
-
-def replace_rows(con, name: str, rows: list[Mapping], where: str | None = None, params: list | None = None) -> int:
-    """Delete (all, or `where`) and insert in one transaction: a re-run leaves the same table."""
-    tbl = to_arrow(name, rows)
-    con.execute("BEGIN TRANSACTION")
-    try:
-        con.execute(f"DELETE FROM {name}" + (f" WHERE {where}" if where else ""), params or [])
-        n = _insert(con, name, tbl)
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    con.execute("COMMIT")
-    return n
-
-
-def append_rows(con, name: str, rows: list[Mapping]) -> int:
-    return _insert(con, name, to_arrow(name, rows))
-
-
-def fetch(con, sql: str, params: list | None = None) -> list[dict]:
-    rel = con.execute(sql, params or [])
-    cols = [d[0] for d in rel.description]
-    return [dict(zip(cols, r)) for r in rel.fetchall()]
+        try:
+            con.execute("DELETE FROM eval_episodes WHERE eval_id IN (SELECT eval_id FROM _eval_ids)")
+        finally:
+            con.unregister("_eval_ids")
+        return insert(con, "eval_episodes", tbl)
 
 
 def episode_rows(con, policy_id: str | None = None, where: str = "", params: list | None = None) -> list[dict]:

@@ -138,4 +138,7 @@ def test_run_evaluation_is_what_the_demo_calls(holdout, home, capsys):
 
     wh, _, _ = holdout
     text = scorecard_text(wh)
-    assert "scripted:expert" in text and ("1 / 1 tasks" in text or "0 / 1 tasks" in text)
+    import re
+
+    # 1 scored task (or 0 when the one episode was an infra failure on a loaded machine: reported beside)
+    assert "scripted:expert" in text and re.search(r"\b[01] / [01] tasks", text), text
