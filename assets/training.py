@@ -249,11 +249,11 @@ class RLConfig(dg.Config):
     learning_rate: float = 1e-4
     beta: float = 0.04
     temperature: float = 1.0
-    max_tokens: int = 64
-    max_turns: int = 6
+    max_tokens: int = 128
+    max_turns: int = 12
     checkpoint_every: int = 5
     concurrency: int = 16
-    max_string: int = 64
+    max_string: int = 32
     task_limit: int | None = None      # first N train tasks (tests, quick runs)
     seed: int = 0
 

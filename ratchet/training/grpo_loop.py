@@ -54,15 +54,17 @@ class GRPOSettings:
     clip_eps: float = 0.2
     max_grad_norm: float = 1.0
     temperature: float = 1.0
-    max_tokens: int = 64               # per assistant turn
-    max_turns: int = 6                 # episode turn budget
+    max_tokens: int = 128              # per turn; must cover the grammar's longest call (else truncated calls:
+                                       # measured 56 of ~400 calls cut at 64 tokens with 64-char strings)
+    max_turns: int = 12                # episode turn budget (the expert needs ~7 calls)
     concurrency: int = 16
     checkpoint_every: int = 5
     seed: int = 0
     threads: int = 1                   # see docs/training.md: 1 thread beat 2 here
     thought_chars: int = 0             # grammar bounds (calls only by default; docs/training.md)
-    max_string: int = 64
+    max_string: int = 32
     max_items: int = 2
+    max_int: int = 99_999              # a smaller bound puts line numbers / indices within reach
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -74,7 +76,8 @@ class GRPOSettings:
 
     def bounds(self):
         from ratchet.policy.grammar import Bounds
-        return Bounds(thought_chars=self.thought_chars, max_string=self.max_string, max_items=self.max_items)
+        return Bounds(thought_chars=self.thought_chars, max_string=self.max_string, max_items=self.max_items,
+                      max_int=self.max_int)
 
 
 @dataclass
@@ -303,7 +306,7 @@ def main(argv=None) -> int:
     ap.add_argument("--start", required=True)
     ap.add_argument("--out", default="/tmp/ratchet-grpo-measure")
     ap.add_argument("--problems", type=int, default=30)
-    for k, v in (("steps", 12), ("tasks_per_step", 4), ("group_size", 4), ("max_turns", 6), ("max_tokens", 64),
+    for k, v in (("steps", 12), ("tasks_per_step", 4), ("group_size", 4), ("max_turns", 12), ("max_tokens", 128),
                  ("concurrency", 16), ("checkpoint_every", 4), ("seed", 0)):
         ap.add_argument("--" + k.replace("_", "-"), type=int, default=v)
     ap.add_argument("--lr", type=float, default=1e-4)

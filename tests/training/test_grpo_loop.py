@@ -104,6 +104,16 @@ def test_update_changes_weights_and_skips_infra_failures(start, bundles, runtime
     assert st["logprob_gap"] < 1e-3                            # the sampler's logprobs = this forward pass
     assert st["kl"] == pytest.approx(0.0, abs=1e-6)            # first step: policy == reference
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    # the direction: the rewarded episode's sampled tokens became likelier, the others less likely
+    from ratchet.training.grpo_loop import _token_logprobs
+
+    def seq_logp(q):
+        with torch.no_grad():
+            lp, _ = _token_logprobs(model, q["input_ids"], 1.0)
+        return float((lp * torch.tensor(q["mask"])).sum())
+    after = [seq_logp(q) for q in seqs]
+    olds = [sum(lp for lp, m in zip(q["old_logprobs"], q["mask"]) if m) for q in seqs]
+    assert after[0] > olds[0] and after[1] < olds[1] and after[2] < olds[2], (olds, after)
     assert "model.embed_tokens.weight" in changed and len(changed) >= len(before) // 2
     # all rewards equal (or infra): no advantage, no KL yet -> no gradient, nothing moves
     model2, _, _ = _rollout(start, bundles, runtime, s)
