@@ -311,4 +311,8 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
         reward_last=last.get("reward"), pass_rate_last=last.get("pass_rate")))
 
 
-defs = dg.Definitions(assets=[base_policy, sft_checkpoint, dpo_checkpoint, rl_checkpoint])
+# One candidate end to end (SFT then RL), e.g. from a schedule that registers a new candidate each cycle.
+train_candidate_job = dg.define_asset_job("train_candidate", selection=["sft_checkpoint", "rl_checkpoint"],
+                                          partitions_def=CANDIDATES)
+
+defs = dg.Definitions(assets=[base_policy, sft_checkpoint, dpo_checkpoint, rl_checkpoint], jobs=[train_candidate_job])

@@ -79,10 +79,15 @@ def _rejected(wh):
 
 def test_training_module_loads_without_heavy_imports():
     code = ("import sys, assets.training as t; heavy = [m for m in ('torch', 'transformers', 'trl', 'mlflow') "
-            "if m in sys.modules]; assert not heavy, heavy; print(sorted(str(k.to_user_string()) "
-            "for a in t.defs.assets for k in a.keys))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "base_policy" in out and "sft_checkpoint" in out and "rl_checkpoint" in out
+            "if m in sys.modules]; assert not heavy, heavy; import dagster as dg; "
+            "from resources import MlflowTracking, WarehouseResource; d = dg.Definitions.merge(t.defs, "
+            "dg.Definitions(resources={'warehouse': WarehouseResource(), 'tracking': MlflowTracking()})); "
+            "g = d.resolve_asset_graph(); print(sorted(k.to_user_string() for k in g.get_all_asset_keys())); "
+            "print(sorted(k.to_user_string() for k in g.get(dg.AssetKey('rl_checkpoint')).parent_keys)); "
+            "print(d.resolve_job_def('train_candidate').partitions_def.name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert {"base_policy", "sft_checkpoint", "dpo_checkpoint", "rl_checkpoint"} <= set(eval(out[0]))
+    assert eval(out[1]) == ["sft_checkpoint", "split_assignments"] and out[2] == "candidates"
 
 
 def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_home):
