@@ -2,13 +2,13 @@
 here with the jobs, sensors and resources. Keep imports light: no torch/mlflow/GX here."""
 from dagster import Definitions
 
-from assets import consent, evaluation, ingest, promotion, splits, tasks
+from assets import consent, evaluation, ingest, promotion, splits, tasks, training
 from resources import MlflowTracking, WarehouseResource
 
 from .jobs import governance_job, ingest_job, lifecycle_job
 from .sensors import landing_sensor
 
-LAYERS = (ingest.defs, tasks.defs, splits.defs, consent.defs, evaluation.defs, promotion.defs)
+LAYERS = (ingest.defs, tasks.defs, splits.defs, consent.defs, training.defs, evaluation.defs, promotion.defs)
 
 defs = Definitions.merge(
     *LAYERS,
