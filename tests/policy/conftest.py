@@ -55,16 +55,6 @@ def tiny():
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory):
-    from sandboxes.runtime import LocalRuntime, SandboxUnavailable
-
-    try:
-        return LocalRuntime(tmp_path_factory.mktemp("rt"))
-    except SandboxUnavailable as e:
-        pytest.skip(f"sandbox unavailable: {e}")
-
-
-@pytest.fixture(scope="module")
 def tasks(tmp_path_factory):
     from sandboxes.humaneval import build_suite
 

@@ -4,17 +4,6 @@ import pytest
 collect_ignore_glob = ["fixtures/*"]
 
 
-@pytest.fixture(scope="module")
-def runtime(tmp_path_factory):
-    """A real bubblewrap runtime; skips (with the reason) where isolation is unavailable."""
-    from sandboxes.runtime import LocalRuntime, SandboxUnavailable
-
-    try:
-        return LocalRuntime(tmp_path_factory.mktemp("rt"))
-    except SandboxUnavailable as e:
-        pytest.skip(f"sandbox unavailable: {e}")
-
-
 @pytest.fixture(scope="session")
 def docker_runtime(tmp_path_factory):
     """A real Docker runtime: starts the engine and builds the base image when needed (root,
