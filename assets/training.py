@@ -21,10 +21,6 @@ from resources import MlflowTracking, WarehouseResource
 
 CANDIDATES = dg.DynamicPartitionsDefinition(name="candidates")
 EXPERIMENT = "ratchet/training"
-TRAIN_TASKS_SQL = """
-    SELECT t.*, s.split FROM tasks t
-    JOIN split_assignments s ON s.kind = 'task' AND s.source_id = t.task_id
-    WHERE s.split = 'train' ORDER BY t.task_id"""
 
 
 def register_candidate(instance: dg.DagsterInstance, tenant: str, name: str) -> str:
@@ -68,6 +64,8 @@ def _set_pointer(warehouse: WarehouseResource, info: dict, *parts: str) -> None:
 
 
 def _train_tasks(warehouse: WarehouseResource, limit: int | None) -> list[dict]:
+    from ratchet.training.data import TRAIN_TASKS_SQL
+
     rows = warehouse.store().read(TRAIN_TASKS_SQL)
     if not rows:
         raise ValueError("no train-split tasks: materialise tasks and split_assignments first")

@@ -15,6 +15,11 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 
+# The base policy's corpus: train-split tasks only (never holdout or validation problems).
+TRAIN_TASKS_SQL = """
+    SELECT t.*, s.split FROM tasks t
+    JOIN split_assignments s ON s.kind = 'task' AND s.source_id = t.task_id
+    WHERE s.split = 'train' ORDER BY t.task_id"""
 ROWS_SQL = """
     SELECT ts.record_id, ts.trajectory_id, ts.task_id, ts.consent_id, ts.owner_tenant_id,
            t.accepted, t.tests_passed, t.messages, t.tools
