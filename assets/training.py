@@ -63,6 +63,23 @@ def _set_pointer(warehouse: WarehouseResource, info: dict, *parts: str) -> None:
     (d / "latest.tmp").replace(d / "latest.json")
 
 
+def _register(warehouse: WarehouseResource, context: dg.AssetExecutionContext, run, stage: str, checkpoint, *,
+              parent, manifest, env_digest: str, cpu_s: float, history, parent_id: str | None = None) -> dict:
+    """What every trained checkpoint gets: its lineage file, an MLflow model version + `checkpoints`
+    row (ratchet.training.lineage) and the candidate's pointer for `stage`."""
+    from ratchet.training.lineage import record_checkpoint, write_lineage
+
+    cand = context.partition_key
+    write_lineage(checkpoint, manifest)
+    with warehouse.store().connect() as con:
+        out = record_checkpoint(con, run, tenant=tenant_of(cand), candidate=cand.split(":", 1)[1], stage=stage,
+                                checkpoint=checkpoint, parent=parent, parent_id=parent_id, manifest=manifest,
+                                env_digest=env_digest, dagster_run_id=context.run_id, cpu_s=cpu_s, history=history)
+    _set_pointer(warehouse, {"path": str(checkpoint), **{k: out[k] for k in ("checkpoint_id", "model_name", "version")}},
+                 cand, stage)
+    return out
+
+
 def _train_tasks(warehouse: WarehouseResource, limit: int | None) -> list[dict]:
     from ratchet.training.data import TRAIN_TASKS_SQL
 
@@ -140,13 +157,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
                    tracking: MlflowTracking) -> dg.MaterializeResult:
     from ratchet.home import get_home
     from ratchet.training.data import tenant_training_rows
-    from ratchet.training.lineage import (
-        environment_digest,
-        inherited_manifest,
-        record_checkpoint,
-        trajectory_environments,
-        write_lineage,
-    )
+    from ratchet.training.lineage import environment_digest, inherited_manifest, trajectory_environments
     from ratchet.training.sft import SFTSettings, train_sft
 
     cand, home = context.partition_key, get_home(warehouse.home)
@@ -164,16 +175,11 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
                     partition=cand) as run:
         run.log_params({"base": base, **settings.__dict__})
         res = train_sft(base, rows, out_dir, settings)
-        manifest = inherited_manifest(base, res.manifest)
-        write_lineage(out_dir, manifest)
         with warehouse.store().connect() as con:
             env = environment_digest(trajectory_environments(con, res.manifest["record_ids"]))
-            out = record_checkpoint(con, run, tenant=tenant, candidate=cand.split(":", 1)[1], stage="sft",
-                                    checkpoint=out_dir, parent=base, manifest=manifest, env_digest=env,
-                                    dagster_run_id=context.run_id, cpu_s=res.cpu_s,
-                                    history=[{"step": i + 1, "loss": v} for i, v in enumerate(res.losses)])
-    _set_pointer(warehouse, {"path": str(out_dir), **{k: out[k] for k in ("checkpoint_id", "model_name", "version")}},
-                 cand, "sft")
+        out = _register(warehouse, context, run, "sft", out_dir, parent=base,
+                        manifest=inherited_manifest(base, res.manifest), env_digest=env, cpu_s=res.cpu_s,
+                        history=[{"step": i + 1, "loss": v} for i, v in enumerate(res.losses)])
     return dg.MaterializeResult(metadata=_metadata(
         home, out, run, out_dir, steps=res.steps, cpu_s=res.cpu_s, wall_s=res.wall_s, trajectories=res.n_examples,
         loss_first=res.losses[0] if res.losses else None, loss_last=res.losses[-1] if res.losses else None,
@@ -201,13 +207,7 @@ def dpo_checkpoint(context: dg.AssetExecutionContext, config: DPOConfig, warehou
     from ratchet.home import get_home
     from ratchet.training.data import tenant_training_rows
     from ratchet.training.dpo import DPOSettings, preference_pairs, train_dpo
-    from ratchet.training.lineage import (
-        environment_digest,
-        inherited_manifest,
-        record_checkpoint,
-        trajectory_environments,
-        write_lineage,
-    )
+    from ratchet.training.lineage import environment_digest, inherited_manifest, trajectory_environments
 
     cand, home = context.partition_key, get_home(warehouse.home)
     tenant = tenant_of(cand)
@@ -223,18 +223,12 @@ def dpo_checkpoint(context: dg.AssetExecutionContext, config: DPOConfig, warehou
                       partition=cand) as run:
         run.log_params({"start": sft["checkpoint_id"], **settings.__dict__})
         res = train_dpo(sft["path"], pairs, out_dir, settings)
-        manifest = inherited_manifest(sft["path"], res.manifest)
-        write_lineage(out_dir, manifest)
-        hist = [{"step": i + 1, "loss": v, "reward_margin": m}
-                for i, (v, m) in enumerate(zip(res.losses, res.reward_margins))]
         with warehouse.store().connect() as con:
             env = environment_digest(trajectory_environments(con, res.manifest["record_ids"]))
-            out = record_checkpoint(con, run, tenant=tenant, candidate=cand.split(":", 1)[1], stage="dpo",
-                                    checkpoint=out_dir, parent=sft["path"], parent_id=sft["checkpoint_id"],
-                                    manifest=manifest, env_digest=env,
-                                    dagster_run_id=context.run_id, cpu_s=res.cpu_s, history=hist)
-    _set_pointer(warehouse, {"path": str(out_dir), **{k: out[k] for k in ("checkpoint_id", "model_name", "version")}},
-                 cand, "dpo")
+        out = _register(warehouse, context, run, "dpo", out_dir, parent=sft["path"], parent_id=sft["checkpoint_id"],
+                        manifest=inherited_manifest(sft["path"], res.manifest), env_digest=env, cpu_s=res.cpu_s,
+                        history=[{"step": i + 1, "loss": v, "reward_margin": m}
+                                 for i, (v, m) in enumerate(zip(res.losses, res.reward_margins))])
     return dg.MaterializeResult(metadata=_metadata(
         home, out, run, out_dir, steps=res.steps, cpu_s=res.cpu_s, wall_s=res.wall_s, pairs=res.n_pairs,
         loss_first=res.losses[0] if res.losses else None, loss_last=res.losses[-1] if res.losses else None))
@@ -267,17 +261,12 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
 
     from ratchet.home import get_home
     from ratchet.training.grpo_loop import GRPOSettings, train_grpo
-    from ratchet.training.lineage import (
-        environment_digest,
-        inherited_manifest,
-        record_checkpoint,
-        write_lineage,
-    )
+    from ratchet.training.lineage import environment_digest, inherited_manifest
     from sandboxes.bundle import TaskBundle
     from sandboxes.runtime import LocalRuntime
 
     cand, home = context.partition_key, get_home(warehouse.home)
-    tenant = tenant_of(cand)
+    tenant_of(cand)                   # a malformed candidate key fails before any work
     sft = _pointer(warehouse, cand, "sft")
     tasks = _train_tasks(warehouse, config.task_limit)
     bundles = [TaskBundle.from_dict(json.loads(t["bundle"]) if isinstance(t["bundle"], str) else t["bundle"])
@@ -293,15 +282,10 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
                          on_step=lambda r: context.log.info(
                              f"step {r['step']}: reward {r['reward']} pass {r['pass_rate']} loss {r['loss']:.4f} "
                              f"kl {r['kl']:.4f} infra {r['infra_failures']} ({r['step_s']} s)"))
-        manifest = inherited_manifest(sft["path"])
-        write_lineage(res.checkpoint, manifest)
-        with warehouse.store().connect() as con:
-            out = record_checkpoint(con, run, tenant=tenant, candidate=cand.split(":", 1)[1], stage="rl",
-                                    checkpoint=res.checkpoint, parent=sft["path"], parent_id=sft["checkpoint_id"],
-                                    manifest=manifest, env_digest=environment_digest(b.environment_digest for b in bundles),
-                                    dagster_run_id=context.run_id, cpu_s=res.cpu_s, history=res.history)
-    _set_pointer(warehouse, {"path": str(res.checkpoint), **{k: out[k] for k in ("checkpoint_id", "model_name", "version")}},
-                 cand, "rl")
+        out = _register(warehouse, context, run, "rl", res.checkpoint, parent=sft["path"],
+                        parent_id=sft["checkpoint_id"], manifest=inherited_manifest(sft["path"]),
+                        env_digest=environment_digest(b.environment_digest for b in bundles), cpu_s=res.cpu_s,
+                        history=res.history)
     last = res.history[-1] if res.history else {}
     return dg.MaterializeResult(metadata=_metadata(
         home, out, run, res.checkpoint, steps=len(res.history), cpu_s=res.cpu_s, wall_s=res.wall_s,
