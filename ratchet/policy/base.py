@@ -219,8 +219,11 @@ def _builtin() -> None:
         from ratchet.policy.engines.transformers_engine import TransformersPolicy
         if "path" not in kw:
             raise ValueError(f"embedded:{name} needs path=<checkpoint folder>")
+        from ratchet.policy.embedded.decoding import read_decoding
         kw.setdefault("constrained", True)
         kw.setdefault("chat", "embedded")
+        for k, v in read_decoding(kw["path"]).items():   # the mask and bounds it was trained under
+            kw.setdefault(k, v)
         return TransformersPolicy.from_path(kw.pop("path"), **kw)
 
     def openai(name, **kw):

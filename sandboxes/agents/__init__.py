@@ -4,7 +4,9 @@
     run = run_agent("expert", bundle, seed=0)       # -> AgentRun(messages, reward, steps, ...)
 
 Agents: "expert" (scripted expert), "noisy" (seeded weaker agent, gate violations included),
-"random" and "sbfl" (harness baselines with an attempt budget `k`).
+"random" and "sbfl" (harness baselines with an attempt budget `k`), "prior" (SBFL + a count prior
+over fix kinds fit on train tasks: `prior=fit_prior(train_tasks)`), "structured" (the same logic
+through the structured tools only, logged as the production agent agent@v7-structured).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from sandboxes.agents.base import AgentRun, Session
 from sandboxes.agents.baselines import run_random, run_sbfl
 from sandboxes.agents.expert import run_expert
 from sandboxes.agents.noisy import run_noisy
+from sandboxes.agents.prior import Prior, fit_prior, run_prior
 
 # One registry: name -> runner(env, rng, **kw). Add an agent with `register_agent`.
 _REGISTRY: dict = {}
@@ -30,10 +33,14 @@ register_agent("expert", lambda env, rng, **kw: run_expert(env, **kw))
 register_agent("noisy", run_noisy)
 register_agent("random", run_random)
 register_agent("sbfl", lambda env, rng, **kw: run_sbfl(env, **kw))
-AGENTS = tuple(_REGISTRY)          # the built-in ones, in a stable order
+AGENTS = tuple(_REGISTRY)          # the landed reference agents, in a stable order
+# prior-based agents (need prior=...): the no-weights bar for learned policies, and its
+# structured-tools variant that the demo's production logs carry
+register_agent("prior", run_prior)
+register_agent("structured", lambda env, rng, **kw: run_prior(env, rng, structured=True, **kw))
 
-__all__ = ["AGENTS", "AgentRun", "Session", "register_agent", "run_agent", "run_expert",
-           "run_noisy", "run_random", "run_sbfl"]
+__all__ = ["AGENTS", "AgentRun", "Prior", "Session", "fit_prior", "register_agent", "run_agent",
+           "run_expert", "run_noisy", "run_prior", "run_random", "run_sbfl"]
 
 
 def run_agent(name: str, bundle, *, seed: int = 0, runtime=None, max_turns: int | None = None,

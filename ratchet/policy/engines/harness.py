@@ -8,10 +8,14 @@ end of the conversation is the completion. That keeps the policy stateless and d
 the policy runner reproduces `sandboxes.agents.run_agent` call for call.
 
     make_policy("harness:sbfl", k=4)        # agent kwargs (the attempt budget k) pass through
+    make_policy("harness:prior", prior=fit_prior(train_bundles))   # or train_tasks=[...], or nothing:
+                                            # then fit on the warehouse's train split (resolve_prior)
     request.metadata = {"task_id": ..., "max_turns": ...}   # the runner fills these in
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import time
 
@@ -93,9 +97,18 @@ class HarnessPolicy:
         if self.agent not in _REGISTRY:
             raise ValueError(f"no agent {self.agent!r} for {self.policy_id!r}; registered: {tuple(_REGISTRY)}")
         self._runner = _REGISTRY[self.agent]
+        shown = dict(agent_kw)
+        if self.agent in ("prior", "structured"):
+            from sandboxes.agents.prior import as_prior
+            prior = as_prior(agent_kw["prior"]) if agent_kw.get("prior") is not None else \
+                resolve_prior(agent_kw.pop("train_tasks", None))
+            agent_kw = {**{k: v for k, v in agent_kw.items() if k != "train_tasks"}, "prior": prior}
+            shown = {**{k: v for k, v in agent_kw.items() if k != "prior"},
+                     "prior": {"counts": prior.counts, "n_tasks": len(prior.task_ids),
+                               "tasks_sha256": hashlib.sha256(json.dumps(list(prior.task_ids)).encode()).hexdigest()}}
         self.agent_kw = agent_kw
         self.spec = {"policy_id": self.policy_id, "engine": "harness",
-                     "config": {"agent": self.agent, **agent_kw}}
+                     "config": {"agent": self.agent, **shown}}
 
     def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         out = []
@@ -125,3 +138,41 @@ class HarnessPolicy:
                  for c in msg.get("tool_calls") or ()]
         return Completion(text=msg.get("content") or "", tool_calls=calls, finish_reason="tool_calls",
                           latency_s=time.monotonic() - t0)
+
+
+def resolve_prior(train_tasks=None, home=None):
+    """The count prior of harness:prior. From `train_tasks` (TaskBundles the caller vouches are
+    train tasks, or `tasks` rows with `split`: non-train rows are skipped), else from the train
+    split the warehouse under RATCHET_HOME holds (tasks JOIN split_assignments, split = 'train':
+    the query the base policy's corpus uses). Never from validation or holdout tasks; the same
+    train split gives the same prior. Raises when there is nothing to fit on."""
+    from sandboxes.agents.prior import fit_prior
+
+    if train_tasks is None:
+        train_tasks = _warehouse_train_tasks(home)
+    prior = fit_prior(train_tasks)
+    if not prior.task_ids:
+        raise ValueError("harness:prior has no train task to fit its prior on: pass prior= or "
+                         "train_tasks=, or materialise tasks and split_assignments first")
+    return prior
+
+
+def _warehouse_train_tasks(home=None) -> list[dict]:
+    from pathlib import Path
+
+    import duckdb
+
+    from ratchet.home import get_home
+    from ratchet.training.data import TRAIN_TASKS_SQL
+
+    db = Path(get_home(home).warehouse)
+    if not db.exists():
+        raise ValueError(f"harness:prior: no warehouse at {db} to read the train split from; pass "
+                         "prior= or train_tasks=")
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        res = con.execute(TRAIN_TASKS_SQL)
+        cols = [d[0] for d in res.description]
+        return [dict(zip(cols, r)) for r in res.fetchall()]
+    finally:
+        con.close()

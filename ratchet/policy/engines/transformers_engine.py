@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ratchet.policy.base import Completion, GenerationRequest, ToolCall, parse_tool_calls
@@ -79,7 +79,7 @@ class TransformersPolicy:
     def __init__(self, model, tokenizer, *, policy_id: str = "hf:model", constrained: bool = False,
                  chat: str = "template", max_batch: int = 64, threads: int | None = None,
                  grammar: dict | None = None, prefix_cache: int = 64, gqa_decode: bool = True,
-                 config: dict | None = None):
+                 action_mask: str | None = None, config: dict | None = None):
         if chat not in ("template", "embedded"):
             raise ValueError(f"chat must be 'template' or 'embedded', got {chat!r}")
         if chat == "template" and not getattr(tokenizer, "chat_template", None):
@@ -88,6 +88,13 @@ class TransformersPolicy:
         self.policy_id, self.constrained, self.chat = policy_id, constrained, chat
         self.max_batch, self.threads = max_batch, threads
         self.grammar = dict(grammar or {})          # kwargs of tool_call_logits_processor (bounds=...)
+        if action_mask not in (None, "structured"):
+            raise ValueError(f"action_mask must be None or 'structured', got {action_mask!r}")
+        if action_mask and not constrained:
+            raise ValueError("action_mask narrows the grammar: it needs constrained=True")
+        # policy-side action mask (ratchet.policy.action_mask): the prompt lists the structured
+        # tools, the grammar offers this turn's narrowed schemas
+        self.action_mask = action_mask
         # KV caches kept between calls (0: off): each episode's last turn (up to `prefix_cache` of
         # them), and the system turn (system prompt + tools) every episode of a task suite shares
         self.prefix_cache = prefix_cache
@@ -101,6 +108,7 @@ class TransformersPolicy:
         self.spec = {"policy_id": policy_id, "engine": "transformers",
                      "config": {"constrained": constrained, "chat": chat, "max_batch": max_batch,
                                 "prefix_cache": prefix_cache, "gqa_decode": gqa_decode,
+                                **({"action_mask": action_mask} if action_mask else {}),
                                 **({"grammar": {k: repr(v) for k, v in self.grammar.items()}} if grammar else {}),
                                 **(config or {})}}
 
@@ -161,6 +169,11 @@ class TransformersPolicy:
         t0 = time.monotonic()
         rows, used = [], set()
         for qi, r in enumerate(requests):
+            offered = r.tools
+            if self.action_mask:
+                from ratchet.policy.action_mask import narrow, structured_tools
+                offered = narrow(r.messages, r.tools)
+                r = replace(r, tools=structured_tools(r.tools))
             ids = self.prompt_ids(r)
             key = tuple(r.prefix_ids[:-1]) if r.prefix_ids and ids[:len(r.prefix_ids)] == list(r.prefix_ids) else None
             cache = self._kv.get(key) if key is not None else None
@@ -174,7 +187,7 @@ class TransformersPolicy:
             for j in range(r.n):
                 g = torch.Generator().manual_seed(sample_seed(r.seed, j))
                 rows.append(_Row(qi, j, ids, r.temperature, r.top_p, r.max_tokens, r.stop, g,
-                                 self._processor(r.tools) if self.constrained else None,
+                                 self._processor(offered) if self.constrained else None,
                                  cache, cached, share))
         for key in used:                       # each episode moves on: its old entry is spent
             self._kv.pop(key, None)

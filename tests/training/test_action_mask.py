@@ -1,0 +1,95 @@
+"""The policy-side action mask: every narrowed call is a valid call of the environment's schema,
+and a random model under the narrowed grammar picks only observed files, listed lines and
+listed candidate indices."""
+import itertools
+import json
+
+import pytest
+
+from ratchet.policy.action_mask import STRUCTURED, episode_state, narrow, structured_tools
+
+pytestmark = pytest.mark.training
+
+
+def _instances(tool: dict) -> list[dict]:
+    """Every argument dict the narrowed schema allows (they are all finite)."""
+    props = tool["function"]["parameters"]["properties"]
+    choices = []
+    for k, spec in props.items():
+        if "enum" in spec:
+            choices.append([(k, v) for v in spec["enum"]])
+        else:
+            assert spec["type"] == "integer", (tool["function"]["name"], k, spec)
+            choices.append([(k, v) for v in range(spec["minimum"], spec["maximum"] + 1)])
+    return [dict(c) for c in itertools.product(*choices)]
+
+
+def _prefixes(trajectories):
+    for t in trajectories:
+        msgs = t["messages"]
+        for i, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                yield msgs[:i]
+
+
+def test_every_narrowed_call_is_valid_for_the_environment(trajectories, tools):
+    from sandboxes.tools import check_arguments
+
+    seen_tools, n = set(), 0
+    for prefix in _prefixes(trajectories):
+        offered = narrow(prefix, tools)
+        assert {"localize", "run_tests", "submit"} <= {t["function"]["name"] for t in offered}
+        for t in offered:
+            name = t["function"]["name"]
+            seen_tools.add(name)
+            for args in _instances(t):
+                assert check_arguments(name, args) == args
+                n += 1
+    assert seen_tools == set(STRUCTURED) and n > 100
+
+
+def test_narrowing_follows_the_observations(trajectories, tools):
+    """After the expert's localize, propose_edits offers exactly its lines; after a
+    propose_edits, apply_edit offers exactly that line's candidate indices."""
+    from sandboxes.observations import parse_candidates, parse_localize
+
+    t = next(t for t in trajectories if t["agent_id"].startswith("expert"))
+    msgs = t["messages"]
+    loc = next(i for i, m in enumerate(msgs) if m.get("name") == "localize" and m["role"] == "tool")
+    prop = next(i for i, m in enumerate(msgs) if m.get("name") == "propose_edits" and m["role"] == "tool")
+    before = {x["function"]["name"] for x in narrow(msgs[:loc], tools)}
+    assert before == {"localize", "run_tests", "submit"}          # no line is known yet
+    after = {x["function"]["name"]: x["function"]["parameters"]["properties"] for x in narrow(msgs[:loc + 1], tools)}
+    assert after["propose_edits"]["line"]["enum"] == sorted({ln for _, ln, _ in parse_localize(msgs[loc]["content"])})
+    assert "apply_edit" not in after
+    offered = {x["function"]["name"]: x for x in narrow(msgs[:prop + 1], tools)}
+    idx = offered["apply_edit"]["function"]["parameters"]["properties"]["index"]
+    assert (idx["minimum"], idx["maximum"]) == (0, len(parse_candidates(msgs[prop]["content"])) - 1)
+    assert episode_state(msgs[:prop + 1])["proposed"][2] == idx["maximum"] + 1
+
+
+def test_random_model_under_the_mask_stays_inside_it(trajectories, tools, tokenizer, tiny_model):
+    """A random model decoded by the engine with action_mask='structured' emits, at each state of
+    an expert episode, only calls the narrowed schemas allow."""
+    from ratchet.policy.base import GenerationRequest
+    from ratchet.policy.engines.transformers_engine import TransformersPolicy
+    from ratchet.policy.grammar import Bounds, arguments_valid
+
+    pol = TransformersPolicy(tiny_model, tokenizer, constrained=True, chat="embedded", action_mask="structured",
+                             grammar={"bounds": Bounds(thought_chars=0, max_string=32)}, prefix_cache=0)
+    t = next(t for t in trajectories if t["agent_id"].startswith("expert"))
+    prefixes = [p for p in _prefixes([t]) if p[-1]["role"] == "tool"][2:5]
+    reqs = [GenerationRequest(p, tools, n=6, temperature=2.0, seed=k, max_tokens=200) for k, p in enumerate(prefixes)]
+    names = set()
+    for p, outs in zip(prefixes, pol.generate(reqs)):
+        allowed = {x["function"]["name"]: x["function"]["parameters"] for x in narrow(p, tools)}
+        for c in outs:
+            assert c.finish_reason == "stop" and len(c.tool_calls) == 1, c
+            call = c.tool_calls[0]
+            assert call.name in allowed and arguments_valid(allowed[call.name], call.arguments), call
+            names.add(call.name)
+    assert len(names) >= 3
+    # the prompt lists the structured tools only
+    listed = tokenizer.decode(pol.prompt_ids(GenerationRequest(prefixes[0], structured_tools(tools))))
+    assert "apply_edit(" in listed and "read_file(" not in listed and "edit(" not in listed.replace("apply_edit(", "")
+    assert json.dumps(allowed)                  # the schemas are plain JSON
