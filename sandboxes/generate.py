@@ -11,6 +11,7 @@ Writes `OUT/<tenant>/<YYYY-MM-DD>.jsonl` (one file per tenant and day) and the c
     content differs only in whitespace (same trajectory_id);
   - malformed lines: truncated JSON, a tool result without a matching call, wrong field types;
   - approval checkpoints (initech approves every write; every tenant approves the submit);
+  - agents: the structured production agent (STRUCTURED_SHARE), the scripted expert, the noisy one;
   - outcome: tests_passed = R_tests, accepted = reward status "scored" and tests passed,
     human_edited seeded; usage: whitespace token counts, cost, measured latency.
 Cost = prompt tokens x PRICE_PROMPT + completion tokens x PRICE_COMPLETION + sandbox time billed
@@ -39,6 +40,10 @@ CONSENT_MIX = (("valid", 0.70), ("expired", 0.08), ("revoked", 0.08), ("missing"
 DEFAULT_AS_OF = "2026-11-28"
 RETENTION_DAYS = 90
 GENERATOR = "ratchet-loggen/1"
+# Share of jobs run by the structured production agent (agent@v7-structured: localize ->
+# propose_edits -> apply_edit -> run_tests -> submit, sandboxes.agents.prior): the trajectories the
+# embedded policy's structured tool subset can imitate. The rest: expert / noisy by expert_share.
+STRUCTURED_SHARE = 0.4
 
 
 def count_tokens(text: str | None) -> int:
@@ -93,7 +98,14 @@ class Job:
     rerun_of: int | None = None
 
 
-def plan(task_ids: list[str], seed: int, as_of: datetime, expert_share: float = 0.6) -> list[Job]:
+def _agent(x: float, structured_share: float, expert_share: float) -> str:
+    if x < structured_share:
+        return "structured"
+    return "expert" if x < structured_share + (1 - structured_share) * expert_share else "noisy"
+
+
+def plan(task_ids: list[str], seed: int, as_of: datetime, expert_share: float = 0.6,
+         structured_share: float = STRUCTURED_SHARE) -> list[Job]:
     rng = random.Random(f"plan:{seed}")
     kinds, weights = zip(*CONSENT_MIX)
     jobs = []
@@ -107,7 +119,7 @@ def plan(task_ids: list[str], seed: int, as_of: datetime, expert_share: float = 
         days = rng.randint(100, 130) if consent == "expired" else rng.randint(6, 13) if consent == "revoked" \
             else rng.randint(0, 13)
         start = as_of - timedelta(days=days) + timedelta(seconds=rng.randint(8 * 3600, 19 * 3600))
-        jobs.append(Job(i, tid, "expert" if rng.random() < expert_share else "noisy", tenants[i],
+        jobs.append(Job(i, tid, _agent(rng.random(), structured_share, expert_share), tenants[i],
                         consent, start, seed * 100_003 + i))
     for k, src in enumerate(rng.sample(jobs, max(1, len(jobs) // 20))):   # the same task re-run later
         later = min(src.started_at + timedelta(days=1, minutes=7), as_of + timedelta(hours=23))
@@ -129,7 +141,12 @@ def _init_worker(bundles: dict, root) -> None:
 
 def _run_job(job: Job):
     from sandboxes.agents import run_agent
-    return job.index, run_agent(job.agent, _BUNDLES[job.task_id], seed=job.seed, runtime=_RUNTIME)
+    from sandboxes.agents.prior import Prior
+
+    # The production agent ranks candidates by SBFL order only (an empty prior): a prior fit here
+    # would count fix kinds of tasks that governance may later put in validation or holdout.
+    kw = {"prior": Prior.from_counts({})} if job.agent == "structured" else {}
+    return job.index, run_agent(job.agent, _BUNDLES[job.task_id], seed=job.seed, runtime=_RUNTIME, **kw)
 
 
 def run_jobs(jobs: list[Job], bundles: dict, workers: int, root=None) -> dict:
@@ -221,7 +238,7 @@ MALFORMED = {"truncated_json": "truncated_json", "orphan_tool_result": "orphan_t
 
 def generate(out, n_tasks: int = 100, seed: int = 0, *, registry=None, as_of: str = DEFAULT_AS_OF,
              workers: int | None = None, suite=None, expert_share: float = 0.6,
-             sandbox_root=None) -> dict:
+             structured_share: float = STRUCTURED_SHARE, sandbox_root=None) -> dict:
     """Run the agents and write the landing folder + consent registry; returns a summary dict."""
     import os
 
@@ -236,7 +253,7 @@ def generate(out, n_tasks: int = 100, seed: int = 0, *, registry=None, as_of: st
     pool = sorted(suite.tasks, key=lambda b: b.task_id)
     tasks = random.Random(f"tasks:{seed}").sample(pool, min(n_tasks, len(pool)))
     bundles = {b.task_id: b for b in tasks}
-    jobs = plan([b.task_id for b in tasks], seed, as_of_dt, expert_share)
+    jobs = plan([b.task_id for b in tasks], seed, as_of_dt, expert_share, structured_share)
     runs = run_jobs(jobs, bundles, workers or min(2, os.cpu_count() or 1), sandbox_root)
     grants = grant_table(as_of_dt)
 
