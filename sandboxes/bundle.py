@@ -54,11 +54,20 @@ class Limits:
     disk_mb: int = 256            # everything in the worktree together (tmpfs quota when root)
     max_patch_kb: int = 512       # a larger diff fails the episode before any verifier runs
     verify_s: float = 120.0       # the final pristine test run
+    # CPU seconds per test inside a test run (None: only wall_s / verify_s bound it). A test
+    # past it fails with TestTimeout and ends the run (later tests: error), so a patch that makes
+    # the code loop costs test_cpu_s instead of the run's whole wall_s, and still fails. CPU, not
+    # wall: a busy machine must not fail a correct test. Added after v1 of the bundle format:
+    # left out of to_dict (and so of the digest) while None, so bundles written before it keep
+    # their environment digest.
+    test_cpu_s: float | None = None
 
     def __post_init__(self):
         bad = [f"{k}={getattr(self, k)}" for k in ("wall_s", "cpu_s", "memory_mb", "max_procs",
                "max_file_mb", "max_output_chars", "max_turns", "disk_mb", "max_patch_kb",
                "verify_s") if not getattr(self, k) or getattr(self, k) <= 0]
+        if self.test_cpu_s is not None and not self.test_cpu_s > 0:
+            bad.append(f"test_cpu_s={self.test_cpu_s}")
         if bad:
             raise ValueError(f"limits must be positive: {', '.join(bad)}")
         if self.cpu_s < self.wall_s:
@@ -100,6 +109,8 @@ class TaskBundle:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["version"] = BUNDLE_VERSION
+        if d["limits"].get("test_cpu_s") is None:      # optional fields: absent unless set
+            d["limits"].pop("test_cpu_s", None)
         for k in ("fail_to_pass", "pass_to_pass", "forbidden_paths", "tool_allowlist"):
             d[k] = list(d[k])
         return d

@@ -3,7 +3,8 @@
 Inside the sandbox (`python pytest_worker.py --root /repo`) the worker imports pytest and its
 built-in plugins once, prints `{"ready": true}` and then serves one JSON request per stdin line:
 
-    {"test_ids": ["test_solution.py::test_a"] | null, "coverage": false, "timeout": 30}
+    {"test_ids": ["test_solution.py::test_a"] | null, "coverage": false, "timeout": 30,
+     "test_cpu_s": 2.0 | null}
 
 Each request runs in a forked child (forked ahead of time: `_Runner`); the child runs
 `pytest.main` (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, `-p no:cacheprovider`, the hash seed fixed by
@@ -12,9 +13,12 @@ per-test outcomes (passed / failed / error / skipped) and, optionally, per-test 
 via sys.settrace; the child sends them back over a pipe. The worker answers one JSON line:
 
     {"outcomes": {...}, "coverage": {...} | null, "exit_code": 0, "timed_out": false,
-     "output": "<tail of pytest's output>"}
+     "test_timeouts": [...], "output": "<tail of pytest's output>"}
 
-A run that exceeds its timeout has its process group killed; after every run the worker also
+A run that exceeds its timeout has its process group killed (every requested test: error). With
+`test_cpu_s` each test also has its own CPU limit (`_PerTestLimit`): the test that uses more
+fails with TestTimeout, the session stops there and the tests not run are errors, so a loop
+costs one test's limit instead of the whole run's wall clock; after every run the worker also
 kills any other process left in the namespace (daemons a test spawned). User code is imported
 only in the forked child, so every run sees the current files.
 
@@ -117,6 +121,89 @@ class _Collector:
         return _CovPlugin()
 
 
+class TestTimeout(BaseException):
+    """Raised in a test that ran past the per-test limit. A BaseException, so `except Exception`
+    in the code under test cannot swallow it (a bare `except:` can, once: the alarm repeats)."""
+    __test__ = False
+
+
+class _PerTestLimit:
+    """The request's `test_cpu_s`: each test (setup + call + teardown together) gets that many
+    CPU seconds of the run's process (ITIMER_PROF: user + system, so the limit does not move
+    with the machine's load the way a wall clock does); past it SIGPROF raises TestTimeout inside
+    the test, which pytest reports as that test's failure (error in setup). The first timeout
+    stops the session: tests not run are reported as errors, and a test that caught the signal
+    and passed anyway counts as failed. Armed only while a test phase runs,
+    never in pytest's own code. The signal repeats every REPEAT_S CPU seconds until disarmed, so
+    code that swallows it once is hit again; code that sleeps, blocks signals (a long C call) or
+    replaces the handler still ends at the run's wall limit (the worker kills the whole run)."""
+    REPEAT_S = 0.05
+
+    def __init__(self, limit: float, collector: "_Collector"):
+        self.limit, self.collector = float(limit), collector
+        self.items: list[str] = []
+        self.timed_out: list[str] = []
+        self.left = self.limit
+        self.armed = self.fired = False
+        self.session = None
+        signal.signal(signal.SIGPROF, self._fire)
+
+    def _fire(self, signum, frame):
+        if self.armed:
+            self.fired = True
+            raise TestTimeout(f"the test used more than the per-test limit of {self.limit:g} CPU "
+                              "seconds (it may loop forever)")
+
+    def pytest_collection_finish(self, session):
+        self.session = session
+        self.items = [i.nodeid for i in session.items]
+
+    def _phase(self):
+        t0 = time.process_time()
+        self.armed = True
+        signal.setitimer(signal.ITIMER_PROF, max(self.left, 1e-3), self.REPEAT_S)
+        try:
+            yield
+        finally:
+            self.armed = False
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            self.left -= time.process_time() - t0
+
+    def plugin(self):
+        import pytest
+
+        lim = self
+
+        class _Plugin:
+            @pytest.hookimpl(hookwrapper=True)
+            def pytest_runtest_protocol(self, item, nextitem):
+                lim.left, lim.fired = lim.limit, False
+                yield
+                if lim.fired:
+                    lim.timed_out.append(item.nodeid)
+                    # past its limit is a failure even if the test caught the signal and passed
+                    if lim.collector.outcomes.get(item.nodeid) != "error":
+                        lim.collector.outcomes[item.nodeid] = "failed"
+                    if lim.session is not None:
+                        lim.session.shouldstop = f"{item.nodeid} ran past the per-test CPU limit"
+
+            @pytest.hookimpl(hookwrapper=True)
+            def pytest_runtest_setup(self, item):
+                yield from lim._phase()
+
+            @pytest.hookimpl(hookwrapper=True)
+            def pytest_runtest_call(self, item):
+                yield from lim._phase()
+
+            @pytest.hookimpl(hookwrapper=True)
+            def pytest_runtest_teardown(self, item, nextitem):
+                yield from lim._phase()
+
+            def pytest_collection_finish(self, session):
+                lim.pytest_collection_finish(session)
+        return _Plugin()
+
+
 def match_outcome(test_id: str, outcomes: dict[str, str], root: str = "") -> str:
     """The outcome of a requested id that names several collected items.
 
@@ -215,6 +302,9 @@ def _child(root: str, req: dict) -> dict:
     sys.path.insert(0, root)       # what `python -m pytest` does: the repo root is importable
     col = _Collector(root, bool(req.get("coverage")))
     plugins = [col] + ([col._protocol_wrapper()] if col.coverage is not None else [])
+    limit = _PerTestLimit(req["test_cpu_s"], col) if req.get("test_cpu_s") else None
+    if limit is not None:
+        plugins.append(limit.plugin())
     ids = req.get("test_ids")
     args = _pytest_args(root, list(ids) if ids else [root])
     _use_prepared_config()
@@ -222,13 +312,18 @@ def _child(root: str, req: dict) -> dict:
     _N_MODULES = len(sys.modules)
     code = pytest.main(args, plugins=plugins)
     outcomes = dict(col.outcomes)
+    if limit is not None and limit.timed_out:
+        for nid in limit.items:          # not run: the session stopped at the first timeout
+            outcomes.setdefault(nid, "error")
+        col.outcomes = outcomes
     for tid in ids or ():
         if tid not in outcomes:      # a function-, class- or file-level id: its parametrised items
             outcomes[tid] = match_outcome(tid, col.outcomes, root)
     cov = None
     if col.coverage is not None:
         cov = {t: {f: sorted(ls) for f, ls in m.items()} for t, m in col.coverage.items()}
-    return {"outcomes": outcomes, "coverage": cov, "exit_code": int(code)}
+    return {"outcomes": outcomes, "coverage": cov, "exit_code": int(code),
+            "test_timeouts": list(limit.timed_out) if limit is not None else []}
 
 
 def _kill_strays(keep: set[int]) -> None:

@@ -81,6 +81,8 @@ class TestReport:
     output: str = ""                                          # tail of pytest's console output
     agent_fault: str | None = None                            # the run crashed because of the
                                                               # episode's own code (scored)
+    test_timeouts: tuple[str, ...] = ()                       # tests past limits.test_cpu_s (failed;
+                                                              # the run stopped there)
 
     def all_passed(self, test_ids) -> bool:
         return self.infra_error is None and all(self.outcomes.get(t) == "passed" for t in test_ids)
@@ -97,7 +99,8 @@ def report_from_worker(resp: dict, test_ids, duration_s: float) -> TestReport:
     if resp.get("timed_out"):
         outcomes = {t: "error" for t in (test_ids or ())}   # the policy's code hung
     return TestReport(outcomes, cov, duration_s, None, bool(resp.get("timed_out")),
-                      resp.get("exit_code"), resp.get("output", ""))
+                      resp.get("exit_code"), resp.get("output", ""),
+                      test_timeouts=tuple(resp.get("test_timeouts") or ()))
 
 
 def default_root() -> str:
@@ -286,7 +289,8 @@ class Episode:
             self._worker = PytestWorkerClient(self._runner, self.sandbox_workdir,
                                               str(self._lease.dir / "worker.stderr"))
         t0 = time.monotonic()
-        resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars)
+        resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars,
+                                    test_cpu_s=self.limits.test_cpu_s)
         if resp.get("error"):
             self._worker.close()        # the next call starts a fresh worker
             self._worker = None

@@ -75,13 +75,17 @@ class PytestWorkerClient:
         obj, self._buf = read_json_line(self.proc.stdout.fileno(), self._buf, timeout)
         return obj
 
-    def request(self, test_ids, coverage: bool, timeout: float, max_output: int) -> dict:
+    def request(self, test_ids, coverage: bool, timeout: float, max_output: int,
+                test_cpu_s: float | None = None) -> dict:
+        """One test run: `timeout` (wall s) bounds the whole run, `test_cpu_s` (optional) each test."""
         if self.proc is None or self.proc.poll() is not None:
             err = self._start()
             if err:
                 return {"error": err}
         req = {"test_ids": list(test_ids) if test_ids else None, "coverage": coverage,
                "timeout": timeout, "max_output": max_output}
+        if test_cpu_s:
+            req["test_cpu_s"] = test_cpu_s
         try:
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()

@@ -13,8 +13,8 @@ from sandboxes.humaneval.suite import (GENERATOR_VERSION, MANIFEST, _params, bui
                                        default_cache_dir, load_suite)
 
 SUITE_COUNT = 1210
-SUITE_SHA256 = "85aad389061973ca0d1fcf5b0d21781003101221465e59e8d71faebb8e935fc8"  # humaneval-repair/7, seed 0
-RECORDED_VERSION = "humaneval-repair/7"
+SUITE_SHA256 = "7c39549ad5b53a0f06f95e454b9be86a84adab5da85bbb80ab184fcd23438698"  # humaneval-repair/8, seed 0
+RECORDED_VERSION = "humaneval-repair/8"
 
 
 def _written(suite, folder: Path) -> dict:

@@ -6,7 +6,7 @@ import difflib
 import hashlib
 from collections import Counter
 
-from sandboxes.bundle import DEFAULT_FORBIDDEN, TaskBundle
+from sandboxes.bundle import DEFAULT_FORBIDDEN, Limits, TaskBundle
 from sandboxes.humaneval.issue import write_issue
 from sandboxes.humaneval.mutate import code_lines, entry_function, mutants
 from sandboxes.humaneval.operators import Edit, all_edits
@@ -14,13 +14,19 @@ from sandboxes.humaneval.runner import run_program
 from sandboxes.humaneval.testgen import SOLUTION_FILE, TEST_FILE, generate_tests
 
 ENVIRONMENT_ID = "env://ratchet-humaneval-repair@v1"
-GENERATOR_VERSION = "humaneval-repair/7"
+GENERATOR_VERSION = "humaneval-repair/8"    # 8: limits.test_cpu_s (a new environment digest)
 # Deterministic work limit: line events in solution.py per program. Untraced Python runs at most
 # ~60M lines/s here, so a run finishing in FAST_S untraced is always within LINE_BUDGET.
 LINE_BUDGET = 4_000_000
 FAST_S = 0.05
 BACKSTOP_S = 3.0
 FORBIDDEN = tuple(dict.fromkeys((TEST_FILE, *DEFAULT_FORBIDDEN)))
+# CPU seconds per test in an episode (`Limits.test_cpu_s`). The slowest test of any canonical
+# solution or planted mutant of the seed-0 suite uses 0.43 CPU s under line tracing (localize's
+# coverage run; HumanEval/75), untraced runs a tenth of that: 2 s is ~5x the worst correct test,
+# and a candidate fix that makes the function loop fails after 2 s instead of holding the run to
+# limits.wall_s (30 s).
+TEST_CPU_S = 2.0
 
 
 def _length_bucket(n: int) -> str:
@@ -114,7 +120,7 @@ def _task(problem, canonical, mutated, tests, edit, fix, failing, run, n_lines, 
         issue_title=title, issue_body=body,
         fail_to_pass=tuple(node[n] for n in failing),
         pass_to_pass=tuple(node[n] for n in tests.names if n not in failing),
-        forbidden_paths=FORBIDDEN, environment_id=ENVIRONMENT_ID,
+        forbidden_paths=FORBIDDEN, environment_id=ENVIRONMENT_ID, limits=Limits(test_cpu_s=TEST_CPU_S),
         repo=f"humaneval/{pid}", issue_id=f"HE-{num:03d}-{digest}",
         metadata={
             "problem_id": pid, "entry_point": fn,
