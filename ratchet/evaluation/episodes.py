@@ -41,8 +41,10 @@ def get_policy(policy_id: str, checkpoint_version: str = "", **policy_kwargs):
     """The policy object for an id (cached per process: a learned engine loads its weights once)."""
     key = (policy_id, checkpoint_version, json.dumps(policy_kwargs, sort_keys=True, default=str))
     if key not in _POLICIES:
+        from ratchet.evaluation.variants import register_variants
         from ratchet.policy import make_policy
 
+        register_variants()          # harness variants ("harness:sbfl-top3") resolve in every process
         _POLICIES[key] = make_policy(policy_id, **policy_kwargs)
     return _POLICIES[key]
 
