@@ -99,6 +99,9 @@ class Completion:
     prompt_ids: list[int] | None = None
     cost_usd: float | None = None
     error: str | None = None             # set (finish_reason "error") when the engine failed
+    # per sampled token: True where the grammar allowed exactly one token (no choice was made);
+    # None when the engine does not know (unconstrained, no tokens)
+    forced: list[bool] | None = None
 
     def message(self, call_prefix: str = "call") -> dict:
         """The OpenAI chat assistant message (tool call ids filled in when the engine gave none)."""

@@ -50,6 +50,7 @@ class Turn:
     completion_ids: list[int] | None = None
     logprobs: list[float] | None = None
     policy_s: float = 0.0
+    forced: list[bool] | None = None       # per sampled token: the grammar left one choice (Completion.forced)
 
 
 @dataclass
@@ -106,7 +107,8 @@ def training_sequence(rec) -> dict | None:
     """The episode as one token sequence for RL: prompt_ids (the first prompt), completion_ids
     (every later token: sampled ones and the tool/observation tokens between them), env_mask
     (1 = sampled by the policy, 0 = tool output) and logprobs (0.0 at env tokens), the shape TRL's
-    GRPO `rollout_func` returns. None when the engine has no token ids or a turn's prompt does
+    GRPO `rollout_func` returns; plus choice_mask (env_mask without the tokens the grammar forced:
+    where it allowed one token, the policy chose nothing). None when the engine has no token ids or a turn's prompt does
     not extend the previous prompt + completion (then train per turn on `turn_records`).
     `rec`: an EpisodeRecord or its list of Turns."""
     turns = rec if isinstance(rec, list) else rec.turn_records
@@ -115,7 +117,7 @@ def training_sequence(rec) -> dict | None:
         return None
     ids = list(ts[0].prompt_ids)
     prompt_len = len(ids)
-    mask, lps = [], []
+    mask, lps, choice = [], [], []
     for t in ts:
         if t.prompt_ids[:len(ids)] != ids:
             return None
@@ -123,8 +125,10 @@ def training_sequence(rec) -> dict | None:
         ids += gap + t.completion_ids
         mask += [0] * len(gap) + [1] * len(t.completion_ids)
         lps += [0.0] * len(gap) + list(t.logprobs or [0.0] * len(t.completion_ids))
+        forced = t.forced if t.forced is not None and len(t.forced) == len(t.completion_ids) else None
+        choice += [0] * len(gap) + ([int(not f) for f in forced] if forced is not None else [1] * len(t.completion_ids))
     return {"prompt_ids": ids[:prompt_len], "completion_ids": ids[prompt_len:], "env_mask": mask,
-            "logprobs": lps}
+            "logprobs": lps, "choice_mask": choice}
 
 
 class _Episode:
@@ -186,7 +190,8 @@ class _Episode:
             obs.append(o)
             self.messages.append({"role": "user", "content": o})
         self.turns.append(Turn(len(self.turns), c.text, calls, obs, c.finish_reason, c.prompt_tokens,
-                               c.completion_tokens, c.prompt_ids, c.token_ids, c.logprobs, c.latency_s))
+                               c.completion_tokens, c.prompt_ids, c.token_ids, c.logprobs, c.latency_s,
+                               c.forced))
         if not env.done and len(self.turns) >= env.max_turns:
             env.finish("")                 # the runner's budget (replies without calls count)
         self.done = env.done

@@ -65,6 +65,8 @@ class GRPOSettings:
     max_string: int = 32
     max_items: int = 2
     max_int: int = 99_999              # a smaller bound puts line numbers / indices within reach
+    action_mask: str | None = None     # "structured": ratchet.policy.action_mask narrows each turn's grammar
+    choice_only: bool = False          # loss only on tokens where the grammar left a choice (build_update)
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -112,11 +114,14 @@ def step_batch(task_ids: Sequence[str], settings: GRPOSettings, step: int) -> li
 
 
 # ---------------------------------------------------------------- one update
-def build_update(records, group_size: int) -> tuple[list[dict], dict]:
+def build_update(records, group_size: int, choice_only: bool = False) -> tuple[list[dict], dict]:
     """Episodes of one step -> the sequences to train on and the step's counts. Each sequence:
     `input_ids` (prompt + completion), `mask` (1 at sampled tokens, over input_ids), `old_logprobs`
     (the sampler's, aligned with input_ids), `advantage`, `task_id`, `seed`. Infra failures get no
-    advantage and are left out (counted); so are episodes without token ids (counted)."""
+    advantage and are left out (counted); so are episodes without token ids (counted).
+    `choice_only`: train only on tokens where the grammar left a choice (the policy decided
+    nothing at a forced token; under the action mask ~90% of sampled tokens are forced, and their
+    gradients, the same in passing and failing episodes, are noise to AdamW's normalised step)."""
     from ratchet.policy.runner import training_sequence
     from ratchet.training.grpo import group_advantages
 
@@ -126,11 +131,12 @@ def build_update(records, group_size: int) -> tuple[list[dict], dict]:
         if a is None:
             continue
         s = training_sequence(r)
-        if s is None or not any(s["env_mask"]):
+        m = None if s is None else (s["choice_mask"] if choice_only else s["env_mask"])
+        if s is None or not any(m):
             no_tokens += 1
             continue
         p = len(s["prompt_ids"])
-        seqs.append({"input_ids": s["prompt_ids"] + s["completion_ids"], "mask": [0] * p + s["env_mask"],
+        seqs.append({"input_ids": s["prompt_ids"] + s["completion_ids"], "mask": [0] * p + m,
                      "old_logprobs": [0.0] * p + s["logprobs"], "advantage": a, "task_id": r.task_id,
                      "seed": r.seed})
     scored = [r for r in records if r.reward is not None]
@@ -267,12 +273,12 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
         batches.append(jobs)
         # a fresh engine per step: its KV caches hold activations of the weights before the update
         policy = TransformersPolicy(model, tok, policy_id=f"grpo:{step}", constrained=True, chat="embedded",
-                                    grammar={"bounds": settings.bounds()})
+                                    grammar={"bounds": settings.bounds()}, action_mask=settings.action_mask)
         recs = run_episodes(policy, [(by_id[t], s) for t, s in jobs], concurrency=settings.concurrency,
                             sampling=sampling, runtime=runtime, judge=judge, weights=weights,
                             max_turns=settings.max_turns, min_batch=settings.concurrency)
         r0 = time.monotonic()
-        seqs, counts = build_update(recs, settings.group_size)
+        seqs, counts = build_update(recs, settings.group_size, settings.choice_only)
         stats = grpo_update(model, ref_model, optimizer, seqs, settings)
         row = {"step": step + 1, **counts, **stats, "rollout_s": round(r0 - w0, 3),
                "update_s": round(time.monotonic() - r0, 3), "step_s": round(time.monotonic() - w0, 3),
@@ -286,6 +292,8 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
                     "history": history, "cpu_s": round(cpu_before + _cpu_now() - c0, 3),
                     "wall_s": round(wall_before + time.monotonic() - t0, 3), "task_ids": task_ids}
             saved.append(save_checkpoint(out, done, model, tok, optimizer, meta))
+            from ratchet.policy.embedded.decoding import write_decoding
+            write_decoding(saved[-1], action_mask=settings.action_mask, bounds=settings.bounds())
         if stop_after is not None and done >= stop_after:
             break
     final = last_checkpoint(out) or Path(start)

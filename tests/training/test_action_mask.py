@@ -13,7 +13,10 @@ pytestmark = pytest.mark.training
 
 def _instances(tool: dict) -> list[dict]:
     """Every argument dict the narrowed schema allows (they are all finite)."""
-    props = tool["function"]["parameters"]["properties"]
+    params = tool["function"]["parameters"]
+    if "anyOf" in params:
+        return [x for branch in params["anyOf"] for x in _instances({"function": {"name": "", "parameters": branch}})]
+    props = params["properties"]
     choices = []
     for k, spec in props.items():
         if "enum" in spec:
@@ -38,7 +41,6 @@ def test_every_narrowed_call_is_valid_for_the_environment(trajectories, tools):
     seen_tools, n = set(), 0
     for prefix in _prefixes(trajectories):
         offered = narrow(prefix, tools)
-        assert {"localize", "run_tests", "submit"} <= {t["function"]["name"] for t in offered}
         for t in offered:
             name = t["function"]["name"]
             seen_tools.add(name)
@@ -58,14 +60,18 @@ def test_narrowing_follows_the_observations(trajectories, tools):
     loc = next(i for i, m in enumerate(msgs) if m.get("name") == "localize" and m["role"] == "tool")
     prop = next(i for i, m in enumerate(msgs) if m.get("name") == "propose_edits" and m["role"] == "tool")
     before = {x["function"]["name"] for x in narrow(msgs[:loc], tools)}
-    assert before == {"localize", "run_tests", "submit"}          # no line is known yet
+    assert before == {"localize"}                                  # nothing is known yet
     after = {x["function"]["name"]: x["function"]["parameters"]["properties"] for x in narrow(msgs[:loc + 1], tools)}
     assert after["propose_edits"]["line"]["enum"] == sorted({ln for _, ln, _ in parse_localize(msgs[loc]["content"])})
-    assert "apply_edit" not in after
+    assert "apply_edit" not in after and "localize" not in after and "submit" not in after
     offered = {x["function"]["name"]: x for x in narrow(msgs[:prop + 1], tools)}
     idx = offered["apply_edit"]["function"]["parameters"]["properties"]["index"]
     assert (idx["minimum"], idx["maximum"]) == (0, len(parse_candidates(msgs[prop]["content"])) - 1)
-    assert episode_state(msgs[:prop + 1])["proposed"][2] == idx["maximum"] + 1
+    st = episode_state(msgs[:prop + 1])
+    assert list(st["valid"].values()) == [idx["maximum"] + 1] and st["clean"] and st["tested"]
+    app = next(i for i, m in enumerate(msgs) if m.get("name") == "apply_edit" and m["role"] == "tool")
+    offered = {x["function"]["name"] for x in narrow(msgs[:app + 1], tools)}
+    assert {"run_tests", "submit"} <= offered and "localize" not in offered     # test or submit the edit
 
 
 def test_random_model_under_the_mask_stays_inside_it(trajectories, tools, tokenizer, tiny_model):
@@ -87,9 +93,36 @@ def test_random_model_under_the_mask_stays_inside_it(trajectories, tools, tokeni
             assert c.finish_reason == "stop" and len(c.tool_calls) == 1, c
             call = c.tool_calls[0]
             assert call.name in allowed and arguments_valid(allowed[call.name], call.arguments), call
+            assert len(c.forced) == len(c.token_ids) and c.forced[-1]      # the stop token is forced
+            if len(allowed) > 1:
+                assert not all(c.forced)                                  # the tool name was a choice
             names.add(call.name)
-    assert len(names) >= 3
+    assert len(names) >= 2
     # the prompt lists the structured tools only
     listed = tokenizer.decode(pol.prompt_ids(GenerationRequest(prefixes[0], structured_tools(tools))))
     assert "apply_edit(" in listed and "read_file(" not in listed and "edit(" not in listed.replace("apply_edit(", "")
     assert json.dumps(allowed)                  # the schemas are plain JSON
+
+
+def test_the_structured_agents_calls_lie_inside_the_mask(tools):
+    """The demonstrations SFT imitates never step outside what the policy may emit: every call of
+    the structured agent (including undo by the inverse candidate) is allowed by that turn's mask."""
+    from ratchet.policy.action_mask import call_allowed
+    from sandboxes.agents import fit_prior, run_agent
+    from sandboxes.humaneval import build_suite
+
+    suite = sorted(build_suite(seed=0, limit=8).tasks, key=lambda b: b.task_id)
+    prior = fit_prior(suite[:20])
+    checked, undone = 0, 0
+    for b in suite[20:26]:
+        run = run_agent("structured", b, seed=0, prior=prior, max_turns=14)
+        msgs = run.messages
+        names = []
+        for i, m in enumerate(msgs):
+            for c in m.get("tool_calls") or ():
+                assert call_allowed(msgs[:i], tools, c["function"]["name"], json.loads(c["function"]["arguments"])), \
+                    (b.task_id, i, c["function"])
+                names.append(c["function"]["name"])
+                checked += 1
+        undone += names.count("apply_edit") > 1
+    assert checked > 30 and undone >= 1

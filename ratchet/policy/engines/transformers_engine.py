@@ -67,6 +67,7 @@ class _Row:
     share: int = 0                     # length of the system turn to keep as a shared prefix
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
+    forced: list[bool] = field(default_factory=list)
     finish: str | None = None
     text: str | None = None
 
@@ -203,7 +204,8 @@ class TransformersPolicy:
             out[row.req].append(Completion(
                 text=content, tool_calls=calls, finish_reason=row.finish or "length",
                 prompt_tokens=len(row.prompt_ids), completion_tokens=len(row.out), latency_s=dt,
-                token_ids=list(row.out), logprobs=list(row.lps), prompt_ids=list(row.prompt_ids)))
+                token_ids=list(row.out), logprobs=list(row.lps), prompt_ids=list(row.prompt_ids),
+                forced=list(row.forced) if row.processor is not None else None))
         return out
 
     @contextmanager
@@ -339,6 +341,8 @@ class TransformersPolicy:
             tok = int(torch.multinomial(probs, 1, generator=r.gen))
         r.out.append(tok)
         r.lps.append(float(logp[tok]))
+        if r.processor is not None:     # one allowed token: the grammar chose it (Completion.forced)
+            r.forced.append(bool(torch.isfinite(pick).sum() == 1))
         if tok in self.eos_ids:
             r.finish = "stop"
         elif r.stop:

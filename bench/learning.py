@@ -1,0 +1,261 @@
+"""Learning bench: does the embedded policy learn, on problems it never trained on?
+
+One machine, end to end: build the HumanEval repair suite; split BY PROBLEM (even problem numbers
+train, odd ones validation: no mutant of a validation problem is ever trained on or counted in
+a prior); build base_policy from the train tasks only; obtain the training trajectories by running
+the structured agent (agent@v7-structured, with the count prior fit on train tasks) on train tasks
+and keeping the accepted ones; SFT, then GRPO on the train tasks that agent solved (a curriculum:
+groups can hold passes), both through `ratchet.training.recipe.train_candidate`; then evaluate on
+validation tasks with the same turn budget (and k attempts for the harnesses) for everyone:
+untrained base_policy, harness:random, harness:sbfl, harness:prior, SFT, RL.
+
+Task success = the tests pass at submit (or at the turn limit); first-try fix = success with one
+candidate edit applied. 95% CIs: percentile bootstrap over tasks (ratchet.evaluation.stats).
+
+    .venv/bin/python bench/learning.py            # default (the run docs/training.md reports)
+    .venv/bin/python bench/learning.py --quick    # minutes: the plumbing, not the numbers
+
+Final line: one JSON object; ratio = rl_pass / sft_pass, baseline = the SFT checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+STRUCT_SIZE = {"quick": dict(problems=16, train_tasks=40, val_tasks=10, sft_epochs=3.0, rl_steps=2,
+                             rl_tasks_per_step=2, rl_group_size=4),
+               "default": dict(problems=40, train_tasks=124, val_tasks=100, sft_epochs=8.0, rl_steps=12,
+                               rl_tasks_per_step=3, rl_group_size=8)}
+
+
+def cpu_now() -> float:
+    """CPU seconds of this process tree: this process, its reaped children, and the ones still
+    alive (sandbox workers may outlive a stage; their time would otherwise be missed)."""
+    import psutil
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    for p in psutil.Process().children(recursive=True):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
+def problem_number(b) -> int:
+    return int(str(b.metadata.get("problem_id", "x/0")).split("/")[-1])
+
+
+def first_try(messages, passed: bool) -> bool:
+    applies = sum(1 for m in messages if m.get("role") == "assistant"
+                  for c in m.get("tool_calls") or () if c["function"]["name"] == "apply_edit")
+    return bool(passed and applies == 1)
+
+
+def run_harness(name, bundles, *, prior, k, max_turns, runtime):
+    from sandboxes.agents import run_agent
+
+    out = []
+    for b in bundles:
+        kw = {"prior": prior} if name in ("prior", "structured") else {}
+        r = run_agent(name, b, seed=0, runtime=runtime, max_turns=max_turns, k=k, **kw)
+        ok = bool(r.accepted)
+        out.append({"task_id": b.task_id, "passed": ok, "first_try": first_try(r.messages, ok),
+                    "infra": r.reward is None or r.reward.status == "infra_failure", "messages": r.messages,
+                    "tools": r.tools})
+    return out
+
+
+def run_embedded(path, bundles, *, max_turns, max_tokens, temperature, runtime):
+    from ratchet.policy import make_policy, run_episodes
+
+    pol = make_policy("embedded:bench", path=str(path), threads=1,
+                      sampling={"temperature": temperature, "max_tokens": max_tokens})
+    recs = run_episodes(pol, [(b, 0) for b in bundles], concurrency=16, runtime=runtime, max_turns=max_turns,
+                        min_batch=16)
+    return [{"task_id": r.task_id, "passed": bool(r.passed), "first_try": first_try(r.messages, r.passed),
+             "infra": r.outcome == "infra_failure", "turns": r.turns} for r in recs]
+
+
+def summarise(rows) -> dict:
+    from ratchet.evaluation.stats import bootstrap_ci
+
+    scored = [r for r in rows if not r["infra"]]
+    p = bootstrap_ci([float(r["passed"]) for r in scored])
+    f = bootstrap_ci([float(r["first_try"]) for r in scored])
+    return {"pass": p.estimate, "pass_ci": [p.lo, p.hi], "first_try": f.estimate, "first_try_ci": [f.lo, f.hi],
+            "n": p.n, "infra": len(rows) - len(scored)}
+
+
+def plot(results: dict, cpu: dict, path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = {"untrained": 0.0, "sft": cpu["sft"] / 60, "rl": (cpu["sft"] + cpu["rl"]) / 60}
+    pts = [(xs[k], results[k]) for k in ("untrained", "sft", "rl")]
+    ax.errorbar([x for x, _ in pts], [r["pass"] for _, r in pts],
+                yerr=[[r["pass"] - r["pass_ci"][0] for _, r in pts], [r["pass_ci"][1] - r["pass"] for _, r in pts]],
+                marker="o", capsize=3, label="embedded policy (untrained -> SFT -> RL)")
+    for k, style in (("random", ":"), ("sbfl", "--"), ("prior", "-.")):
+        ax.axhline(results[k]["pass"], linestyle=style, color="grey", label=f"harness:{k}")
+    ax.set_xlabel("training CPU-minutes (SFT + RL; base_policy build not included)")
+    ax.set_ylabel("validation task success")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default="/tmp/ratchet-learning")
+    ap.add_argument("--k", type=int, default=4, help="attempt budget of the harnesses")
+    ap.add_argument("--max-turns", type=int, default=14)
+    ap.add_argument("--temperature", type=float, default=0.5, help="embedded policies' eval sampling")
+    ap.add_argument("--rl-lr", type=float, default=2e-4)
+    ap.add_argument("--rl-beta", type=float, default=0.04)
+    ap.add_argument("--sft-lr", type=float, default=3e-3)
+    for key in STRUCT_SIZE["default"]:
+        ap.add_argument("--" + key.replace("_", "-"), type=type(STRUCT_SIZE["default"][key]), default=None)
+    a = ap.parse_args(argv)
+    size = dict(STRUCT_SIZE["quick" if a.quick else "default"])
+    size.update({k: getattr(a, k) for k in size if getattr(a, k) is not None})
+
+    import shutil
+
+    import torch
+
+    from ratchet.policy.action_mask import structured_tools
+    from ratchet.policy.embedded.corpus import task_texts
+    from ratchet.policy.embedded.model import build_base_policy
+    from ratchet.policy.embedded.decoding import write_decoding
+    from ratchet.training.recipe import RecipeSettings, train_candidate
+    from sandboxes.agents import fit_prior
+    from sandboxes.humaneval import build_suite
+    from sandboxes.runtime import LocalRuntime
+    from sandboxes.tools import TOOL_SCHEMAS
+
+    torch.set_num_threads(1)
+    out = Path(a.out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    rt = LocalRuntime()
+    t0, cpu = time.monotonic(), {}
+    say = lambda s: print(f"[{time.monotonic() - t0:6.0f}s] {s}", flush=True)   # noqa: E731
+
+    suite = build_suite(seed=0, limit=size["problems"])
+    tasks = sorted(suite.tasks, key=lambda b: b.task_id)
+    train = [b for b in tasks if problem_number(b) % 2 == 0]
+    val = [b for b in tasks if problem_number(b) % 2 == 1]
+    assert not {problem_number(b) for b in train} & {problem_number(b) for b in val}
+    import random
+    val = random.Random(0).sample(val, min(size["val_tasks"], len(val)))
+    train_used = random.Random(1).sample(train, min(size["train_tasks"], len(train)))
+    prior = fit_prior(train)
+    say(f"suite: {len(tasks)} tasks of {size['problems']} problems; train {len(train)} (even problems), "
+        f"validation {len(val)} sampled (odd problems); prior fit on {len(prior.task_ids)} train tasks")
+
+    c = cpu_now()
+    rows = [{"task_id": b.task_id, "split": "train", "repo": b.repo, "issue_id": b.issue_id,
+             "issue_title": b.issue_title, "issue_body": b.issue_body, "solution": b.files.get("solution.py")}
+            for b in train]
+    base = build_base_policy(out / "base", task_texts(rows, structured_tools(TOOL_SCHEMAS)))
+    cpu["base_policy"] = cpu_now() - c
+    rs = RecipeSettings(max_turns=a.max_turns)
+    write_decoding(base, action_mask="structured", bounds=rs.grpo().bounds())
+    say(f"base_policy {base.name} built in {cpu['base_policy']:.0f} CPU s (train tasks only)")
+
+    c = cpu_now()
+    demo = run_harness("structured", train_used, prior=prior, k=a.k, max_turns=a.max_turns, runtime=rt)
+    cpu["data"] = cpu_now() - c
+    data = [{"record_id": f"bench-{i:04d}", "task_id": d["task_id"], "consent_id": None, "messages": d["messages"],
+             "tools": d["tools"]} for i, d in enumerate(demo) if d["passed"]]
+    solved = {d["task_id"] for d in demo if d["passed"]}
+    curriculum = [b for b in train_used if b.task_id in solved]
+    say(f"training data: the structured agent solved {len(data)}/{len(demo)} train tasks "
+        f"({cpu['data']:.0f} CPU s); RL curriculum: those {len(curriculum)} tasks")
+
+    rs = RecipeSettings(sft_epochs=size["sft_epochs"], rl_steps=size["rl_steps"], rl_lr=a.rl_lr, rl_beta=a.rl_beta,
+                        sft_lr=a.sft_lr,
+                        rl_tasks_per_step=size["rl_tasks_per_step"], rl_group_size=size["rl_group_size"],
+                        max_turns=a.max_turns)
+
+    def on_step(r):
+        say(f"  rl step {r['step']}: pass {r['pass_rate']} reward {r['reward'] and round(r['reward'], 3)} "
+            f"kl {r['kl']:.4f} entropy {r['entropy']:.3f} flat {r.get('flat_groups')} cpu {r['cpu_s']:.0f}s")
+    res = train_candidate(base, data, out / "candidate", rs, bundles=curriculum, runtime=rt, on_step=on_step)
+    cpu["sft"], cpu["rl"] = res.cpu_s["sft"], res.cpu_s["rl"]
+    say(f"SFT: {res.sft.steps} steps, loss {res.sft.losses[0]:.2f} -> {res.sft.losses[-1]:.2f}, "
+        f"{res.sft.n_examples} examples ({res.n_structured} structured), {cpu['sft']:.0f} CPU s; "
+        f"RL: {len(res.rl.history) if res.rl else 0} steps, {cpu['rl']:.0f} CPU s")
+
+    results, eval_cpu, per_task = {}, {}, {}
+    for name, fn in (
+            ("random", lambda: run_harness("random", val, prior=None, k=a.k, max_turns=a.max_turns, runtime=rt)),
+            ("sbfl", lambda: run_harness("sbfl", val, prior=None, k=a.k, max_turns=a.max_turns, runtime=rt)),
+            ("prior", lambda: run_harness("prior", val, prior=prior, k=a.k, max_turns=a.max_turns, runtime=rt)),
+            ("untrained", lambda: run_embedded(base, val, max_turns=a.max_turns, max_tokens=rs.max_tokens,
+                                               temperature=a.temperature, runtime=rt)),
+            ("sft", lambda: run_embedded(res.sft.checkpoint, val, max_turns=a.max_turns, max_tokens=rs.max_tokens,
+                                         temperature=a.temperature, runtime=rt)),
+            ("rl", lambda: run_embedded(res.rl.checkpoint if res.rl else res.sft.checkpoint, val,
+                                        max_turns=a.max_turns, max_tokens=rs.max_tokens,
+                                        temperature=a.temperature, runtime=rt))):
+        c = cpu_now()
+        rows_ = fn()
+        per_task[name] = {r["task_id"]: None if r["infra"] else r["passed"] for r in rows_}
+        results[name] = summarise(rows_)
+        eval_cpu[name] = round(cpu_now() - c, 1)
+        say(f"eval {name}: {results[name]} ({eval_cpu[name]:.0f} CPU s)")
+
+    png = plot(results, cpu, out / "learning.png")
+    print()
+    print(f"{'policy':<12}{'success':>9}{'95% CI':>16}{'first try':>11}{'95% CI':>16}{'n':>5}")
+    for k in ("untrained", "random", "sbfl", "prior", "sft", "rl"):
+        r = results[k]
+        ci = lambda v: f"[{v[0]:.2f}, {v[1]:.2f}]"   # noqa: E731
+        print(f"{k:<12}{r['pass']:>9.3f}{ci(r['pass_ci']):>16}{r['first_try']:>11.3f}{ci(r['first_try_ci']):>16}{r['n']:>5}")
+    print(f"CPU s: base_policy {cpu['base_policy']:.0f} (one-off), data {cpu['data']:.0f}, SFT {cpu['sft']:.0f}, "
+          f"RL {cpu['rl']:.0f}; eval {eval_cpu}; wall {time.monotonic() - t0:.0f} s; plot {png}")
+    sft_p, rl_p = results["sft"]["pass"], results["rl"]["pass"]
+    from ratchet.evaluation.stats import paired_difference
+    paired = {f"{a_}_minus_{b_}": paired_difference(per_task[a_], per_task[b_])
+              for a_, b_ in (("rl", "sft"), ("sft", "random"), ("rl", "sbfl"), ("rl", "prior"), ("sft", "untrained"))}
+    for k, iv in paired.items():
+        print(f"paired {k}: {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}] over {iv.n} tasks")
+    summary = {
+        "bench": "learning", "mode": "quick" if a.quick else "default", **{f"{k}_pass": results[k]["pass"] for k in results},
+        **{f"{k}_first_try": results[k]["first_try"] for k in results},
+        **{f"{k}_pass_ci": results[k]["pass_ci"] for k in results},
+        "train_cpu_min": round((cpu["sft"] + cpu["rl"]) / 60, 2), "settings": {**size, "rl_lr": a.rl_lr,
+                                                                          "rl_beta": a.rl_beta, "sft_lr": a.sft_lr,
+                                                                          "temperature": a.temperature,
+                                                                          "max_turns": a.max_turns, "k": a.k}, "sft_cpu_min": round(cpu["sft"] / 60, 2),
+        "rl_cpu_min": round(cpu["rl"] / 60, 2), "base_policy_cpu_min": round(cpu["base_policy"] / 60, 2),
+        "data_cpu_min": round(cpu["data"] / 60, 2), "eval_cpu_min": round(sum(eval_cpu.values()) / 60, 2),
+        "val_tasks": len(val), "train_tasks": len(train), "train_trajectories": len(data),
+        "rl_tasks": len(curriculum), "sft_steps": res.sft.steps, "rl_steps": len(res.rl.history) if res.rl else 0,
+        "rl_history": [{k: h.get(k) for k in ("step", "pass_rate", "reward", "kl", "entropy", "flat_groups")}
+                       for h in (res.rl.history if res.rl else [])],
+        "baseline": "sft", "ratio": round(rl_p / sft_p, 3) if sft_p else None,
+        "rl_minus_sft": round(rl_p - sft_p, 3),
+        "paired": {k: [iv.estimate, iv.lo, iv.hi] for k, iv in paired.items()}, "plot": str(png), "wall_s": round(time.monotonic() - t0, 1)}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""One candidate, SFT then RL, in one plain call (what the demo and the training assets run).
+
+    res = train_candidate(base_path, rows, out_dir, RecipeSettings.demo(), bundles=train_bundles,
+                          runtime=LocalRuntime())
+    res.sft.checkpoint, res.rl.checkpoint, res.curves, res.cpu_s
+
+The recipe that made the embedded policy learn (docs/training.md, bench/learning.py):
+- structured calls only: the policy is offered localize, propose_edits, apply_edit, run_tests and
+  submit, with the per-turn action mask (`ratchet.policy.action_mask`), and no free text;
+- SFT on the rows whose every call is one of those tools (the structured production agent's
+  trajectories); if there are fewer than `min_structured`, on all rows (other calls are then
+  masked out of the loss as calls the offered schemas do not allow);
+- GRPO from the SFT checkpoint under the same mask, on `bundles` (train-split tasks: a curriculum
+  of tasks the structured agent solved is the caller's choice), larger groups.
+Both checkpoints carry `ratchet_decoding.json`, so `make_policy("embedded:<name>", path=...)`
+decodes them under the mask they were trained with.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RecipeSettings:
+    sft_epochs: float = 8.0
+    sft_lr: float = 3e-3
+    sft_batch: int = 4
+    rl_steps: int = 12
+    rl_tasks_per_step: int = 2
+    rl_group_size: int = 8
+    rl_lr: float = 1e-4
+    rl_beta: float = 0.08
+    rl_temperature: float = 1.0
+    max_turns: int = 14
+    max_tokens: int = 96
+    min_structured: int = 8
+    choice_only: bool = True           # GRPO loss on the tokens the grammar left a choice at
+    seed: int = 0
+    threads: int = 1
+    sft_overrides: dict = field(default_factory=dict)
+
+    @classmethod
+    def demo(cls) -> "RecipeSettings":
+        """Sized for `make demo` (a few CPU-minutes on 2 cores; docs/training.md has the cost)."""
+        return cls(sft_epochs=4.0, rl_steps=4, rl_tasks_per_step=2, rl_group_size=6)
+
+    def sft(self):
+        from ratchet.training.sft import SFTSettings
+        return SFTSettings(epochs=self.sft_epochs, learning_rate=self.sft_lr, batch_size=self.sft_batch,
+                           thoughts=False, seed=self.seed, threads=self.threads, overrides=dict(self.sft_overrides))
+
+    def grpo(self):
+        from ratchet.training.grpo_loop import GRPOSettings
+        return GRPOSettings(steps=self.rl_steps, tasks_per_step=self.rl_tasks_per_step, group_size=self.rl_group_size,
+                            learning_rate=self.rl_lr, beta=self.rl_beta, temperature=self.rl_temperature,
+                            max_turns=self.max_turns, max_tokens=self.max_tokens,
+                            concurrency=self.rl_tasks_per_step * self.rl_group_size,
+                            checkpoint_every=max(1, self.rl_steps // 3), seed=self.seed, threads=self.threads,
+                            thought_chars=0, max_string=32, action_mask="structured", choice_only=self.choice_only)
+
+
+@dataclass
+class CandidateResult:
+    sft: object                        # ratchet.training.sft.SFTResult
+    rl: object                         # ratchet.training.grpo_loop.GRPOResult (None when rl_steps == 0)
+    curves: dict                       # stage -> PNG path
+    cpu_s: dict                        # stage -> CPU seconds (sft, rl, total)
+    n_rows: int
+    n_structured: int
+
+
+def structured_rows(rows) -> list[dict]:
+    """The rows whose every call is one of the structured tools, re-offered those tools only."""
+    from ratchet.policy.action_mask import STRUCTURED, structured_tools
+    from sandboxes.tools import TOOL_SCHEMAS
+
+    tools = structured_tools(TOOL_SCHEMAS)
+    out = []
+    for r in rows:
+        msgs = json.loads(r["messages"]) if isinstance(r["messages"], str) else r["messages"]
+        names = [c["function"]["name"] for m in msgs if m.get("role") == "assistant" for c in m.get("tool_calls") or ()]
+        if names and all(n in STRUCTURED for n in names):
+            out.append({**r, "messages": msgs, "tools": tools})
+    return out
+
+
+def _offer_structured(rows) -> list[dict]:
+    from ratchet.policy.action_mask import structured_tools
+    from sandboxes.tools import TOOL_SCHEMAS
+    return [{**r, "tools": structured_tools(TOOL_SCHEMAS)} for r in rows]
+
+
+def train_candidate(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings(), *, bundles=(),
+                    runtime=None, judge=None, weights=None, on_step=None, resume: bool = True) -> CandidateResult:
+    """SFT on `rows` (one tenant's governed training rows: record_id, messages, tools, ...) from
+    `base_path`, then GRPO on `bundles` (train-split TaskBundles) from the SFT checkpoint, both
+    under the structured action mask. Writes out_dir/sft, out_dir/rl and out_dir/*_curve.png."""
+    from ratchet.policy.embedded.decoding import write_decoding
+    from ratchet.training.grpo_loop import train_grpo
+    from ratchet.training.sft import train_sft
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = list(rows)
+    picked = structured_rows(rows)
+    data = picked if len(picked) >= settings.min_structured else _offer_structured(rows)
+    g = settings.grpo()
+    sft = train_sft(base_path, data, out / "sft", settings.sft())
+    write_decoding(sft.checkpoint, action_mask="structured", bounds=g.bounds())
+    curves = {"sft": str(plot_curve([{"step": i + 1, "loss": v} for i, v in enumerate(sft.losses)],
+                                    out / "sft_curve.png", "SFT", ("loss",)))}
+    rl = None
+    if settings.rl_steps > 0 and bundles:
+        rl = train_grpo(sft.checkpoint, list(bundles), out / "rl", g, runtime=runtime, judge=judge,
+                        weights=weights, resume=resume, on_step=on_step)
+        curves["rl"] = str(plot_curve(rl.history, out / "rl_curve.png", "GRPO", ("reward", "pass_rate", "kl", "entropy")))
+    cpu = {"sft": sft.cpu_s, "rl": rl.cpu_s if rl else 0.0}
+    cpu["total"] = round(cpu["sft"] + cpu["rl"], 3)
+    return CandidateResult(sft, rl, curves, cpu, len(rows), len(picked))
+
+
+def plot_curve(history: list[dict], path, title: str, keys) -> Path:
+    """One panel per metric over steps (matplotlib, Agg)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in keys if any(isinstance(h.get(k), (int, float)) for h in history)] or list(keys)[:1]
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 2.6), squeeze=False)
+    for ax, k in zip(axes[0], keys):
+        pts = [(h["step"], h[k]) for h in history if isinstance(h.get(k), (int, float))]
+        if pts:
+            ax.plot(*zip(*pts), marker=".")
+        ax.set_title(f"{title}: {k}", fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return Path(path)
+
+
+def with_overrides(settings: RecipeSettings, **kw) -> RecipeSettings:
+    return replace(settings, **kw)
