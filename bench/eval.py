@@ -48,16 +48,26 @@ def setup(home: Path, n_tasks: int, seed: int, suite=None):
     return wh, path, tasks
 
 
-def run(wh, path, seeds, workers, task_limit=None):
+def run(wh, path, seeds, workers, task_limit=None, progress=False):
     from ratchet.evaluation import tables
     from ratchet.evaluation.runner import evaluate, holdout_plan, warehouse_sink
 
     with wh.connect() as con:
         tables.ensure(con)
         plan = holdout_plan(con, path, task_limit=task_limit)
-    done, sink = warehouse_sink(wh)
+    done, store = warehouse_sink(wh)
     t0 = time.monotonic()
-    r = evaluate(plan, POLICY, "", seeds=seeds, done=done, sink=sink, workers=workers)
+    n = [0]
+
+    def sink(rows):
+        store(rows)
+        n[0] += len(rows)
+        if progress:     # a run stopped early still says how far it got, and how fast
+            print(f"progress: {n[0]} episodes in {time.monotonic() - t0:.1f} s "
+                  f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+
+    r = evaluate(plan, POLICY, "", seeds=seeds, done=done, sink=sink, workers=workers, flush_every=50,
+                 flush_s=30.0)
     return r, time.monotonic() - t0
 
 
@@ -78,12 +88,13 @@ def main(argv=None) -> dict:
         os.environ["RATCHET_HOME"] = tmp
         wh, path, tasks = setup(Path(tmp), a.tasks, a.sample_seed, suite)
         seeds = list(range(a.seeds))
-        res, wall = run(wh, path, seeds, a.workers)
+        res, wall = run(wh, path, seeds, a.workers, progress=True)
         rows = res.rows
         n = len(rows)
         work = sum(r["policy_s"] + r["sandbox_s"] for r in rows)
         in_episode = sum(r["latency_s"] for r in rows)
         overhead = 1 - work / (wall * res.workers)
+        lat = sorted(r["latency_s"] for r in rows)
         passed = sum(r["outcome"] == "pass" for r in rows)
         infra = sum(r["outcome"] == "infra_failure" for r in rows)
         # baseline, measured back to back on the same subset: one at a time in one process vs the
@@ -112,6 +123,10 @@ def main(argv=None) -> dict:
            "overhead_fraction": round(overhead, 4),
            "episode_internal_overhead_fraction": round(1 - work / in_episode, 4),
            "passed_episodes": passed, "infra_failures": infra,
+           "latency_p50_s": round(lat[len(lat) // 2], 2), "latency_p95_s": round(lat[int(len(lat) * 0.95)], 2),
+           "latency_max_s": round(lat[-1], 2), "episodes_over_5s": sum(x > 5 for x in lat),
+           "test_cpu_s": tasks[0].limits.test_cpu_s, "wall_s_limit": tasks[0].limits.wall_s,
+           "environment": tasks[0].metadata.get("generator", {}).get("version"),
            "baseline": "sequential one-at-a-time (1 process), same subset, back to back",
            "subset_episodes": len(bres.rows), "baseline_subset_wall_s": round(bwall, 1),
            "parallel_subset_wall_s": round(pwall, 1),

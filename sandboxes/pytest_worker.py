@@ -622,10 +622,11 @@ def _warm_up() -> None:
     gc.freeze()
 
 
-def serve(root: str, kill_strays: bool) -> None:
+def serve(root: str, kill_strays: bool, warm: bool = True) -> None:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)          # stray prints must never corrupt the protocol stream
-    _warm_up()
+    if warm:
+        _warm_up()         # pays off from the second run on; a one-run worker skips it
     out_path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f".ratchet-pytest-{os.getpid()}.out")
     runner = _Runner(root, out_path, kill_strays)
     runner.prefork()
@@ -658,5 +659,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
     ap.add_argument("--kill-strays", action="store_true")
+    ap.add_argument("--no-warm", action="store_true", help="one run expected: skip the warm-up")
     a = ap.parse_args()
-    serve(a.root, a.kill_strays)
+    serve(a.root, a.kill_strays, warm=not a.no_warm)

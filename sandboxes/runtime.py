@@ -263,18 +263,20 @@ class Episode:
         return self.run(["git", "apply", "--whitespace=nowarn", "-"], stdin=patch)
 
     def run_tests(self, test_ids=None, *, coverage: bool = False,
-                  timeout: float | None = None) -> TestReport:
+                  timeout: float | None = None, warm: bool = True) -> TestReport:
         """Run pytest node ids (all tests when None) in the warm per-episode worker.
+        `warm=False`: this episode runs its tests once (pristine verification), so a worker
+        started for it skips the warm-up session that only pays off from the second run on.
 
         A worker that dies, hangs or cannot start is restarted for the next call; whose fault
         it was is decided by the runtime's health probe (see the module docstring)."""
         self._check_open()
         t = min(timeout or self.limits.wall_s, max(self.limits.wall_s, self.limits.verify_s))
-        rep = self._run_tests_raw(test_ids, coverage, t)
+        rep = self._run_tests_raw(test_ids, coverage, t, warm)
         from sandboxes.pytest_worker import NOT_STARTED
         if rep.infra_error and rep.infra_error.startswith(NOT_STARTED):
             self._clear_uid()
-            rep = self._run_tests_raw(test_ids, coverage, t)
+            rep = self._run_tests_raw(test_ids, coverage, t, warm)
             return rep                  # a worker that cannot start twice: the harness's fault
         if rep.infra_error:             # it failed while the agent's code ran in it
             from sandboxes.attribution import attribute
@@ -282,12 +284,12 @@ class Episode:
             rep = attribute(rep, test_ids, self.runtime.health_probe)
         return rep
 
-    def _run_tests_raw(self, test_ids, coverage: bool, timeout: float) -> TestReport:
+    def _run_tests_raw(self, test_ids, coverage: bool, timeout: float, warm: bool = True) -> TestReport:
         from sandboxes.pytest_worker import PytestWorkerClient
         self._spawned = True
         if self._worker is None:
             self._worker = PytestWorkerClient(self._runner, self.sandbox_workdir,
-                                              str(self._lease.dir / "worker.stderr"))
+                                              str(self._lease.dir / "worker.stderr"), warm=warm)
         t0 = time.monotonic()
         resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars,
                                     test_cpu_s=self.limits.test_cpu_s)

@@ -38,8 +38,10 @@ class PytestWorkerClient:
     grace period) is returned as `{"error": ...}` so the runtime records an infra failure.
     """
 
-    def __init__(self, runner, root: str, stderr_path: str, start_timeout: float = 30.0):
+    def __init__(self, runner, root: str, stderr_path: str, start_timeout: float = 30.0, *,
+                 warm: bool = True):
         self.runner, self.root, self.stderr_path = runner, root, stderr_path
+        self.warm = warm                  # False: one run expected (verification), no warm-up
         self.start_timeout = start_timeout
         self.proc = None
         self._buf = b""
@@ -50,6 +52,8 @@ class PytestWorkerClient:
         cmd = [sys.executable, self.runner.tool_path("pytest_worker.py"), "--root", self.root]
         if self.runner.name == "bwrap":
             cmd.append("--kill-strays")
+        if not self.warm:
+            cmd.append("--no-warm")
         try:
             self.proc = self.runner.popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self._err)
