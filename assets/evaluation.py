@@ -83,7 +83,12 @@ def holdout_eval(context: dg.AssetExecutionContext, config: HoldoutEvalConfig,
                               policy_kwargs=json.loads(config.policy_kwargs_json),
                               retry_infra=config.retry_infra, run_tag=context.run_id)
     context.log.info(f"{policy_id} seed {seed}: {res['display']} ({res['ran']} run, {res['skipped']} resumed)")
-    return dg.MaterializeResult(metadata={
+    # An improvement cycle tags its eval runs with its candidate: that event asks for a promotion.
+    cand = {} if context.run.tags.get("ratchet/candidate") != policy_id else {
+        "candidate_policy_id": policy_id, "candidate_checkpoint_version": res["checkpoint_version"],
+        "candidate_checkpoint_id": context.run.tags.get("ratchet/checkpoint_id", ""),
+        "cycle": context.run.tags.get("ratchet/cycle", "")}
+    return dg.MaterializeResult(metadata={**cand,
         "policy_id": policy_id, "checkpoint_version": res["checkpoint_version"], "seed": seed,
         "episodes": res["episodes"], "passed": res["passed"], "infra_failures": res["infra"],
         "pass_rate": dg.MetadataValue.float(res["pass_rate"]) if res["pass_rate"] is not None else "not computable",
@@ -259,7 +264,7 @@ evaluation_report_job = dg.define_asset_job(
 
 def run_evaluation(instance: dg.DagsterInstance, resources: dict, policies=DEFAULT_POLICIES, seeds=("0", "1", "2"),
                    holdout_config: Optional[dict] = None, report_ops: Optional[dict] = None, log=print,
-                   tags: Optional[dict] = None) -> bool:
+                   tags: Optional[dict] = None, report: bool = True) -> bool:
     """What `make demo` runs: every policy x seed partition of holdout_eval (each resumes), then the
     report assets with their checks. Returns True when every run succeeded."""
     register_policies(instance, policies)
@@ -272,6 +277,8 @@ def run_evaluation(instance: dg.DagsterInstance, resources: dict, policies=DEFAU
                                  tags={**(tags or {}), "ratchet/stage": "holdout_eval"})
             ok &= res.success
             log(f"holdout_eval {p} seed {s}: {'ok' if res.success else 'FAILED'}")
+    if not report:          # the caller runs the reports later (the demo: after its improvement cycle)
+        return ok
     res = dg.materialize([eval_summary, economics, scorecard, judge_calibration, judge_kappa_drift, judge_kappa_gate],
                          instance=instance, resources=resources, raise_on_error=False,
                          run_config={"ops": report_ops or {}}, tags={**(tags or {}), "ratchet/stage": "evaluation_report"})

@@ -23,12 +23,14 @@ class PromotionConfig(dg.Config):
     candidate_checkpoint_version: Optional[str] = None  # "" for a policy without weights
     eval_run_id: Optional[str] = None                  # comma-separated eval runs to restrict the candidate to
     checkpoint_id: Optional[str] = None                # its `checkpoints` row, if not named by its version
-    baseline_policy_id: str = "harness:sbfl"           # the champion while nothing has been promoted
+    baseline_policy_id: Optional[str] = None           # the champion while nothing has been promoted;
+                                                       #   default: promotion.yaml `baseline:`, else harness:sbfl
     baseline_checkpoint_version: str = ""
     policy_path: Optional[str] = None                  # YAML with `gates:` / `canary:`; default RATCHET_HOME/promotion.yaml
     gates: dict[str, Any] = {}                         # GatePolicy overrides (over the YAML)
     canary: dict[str, Any] = {}                        # CanaryPolicy overrides
-    canary_skip: bool = False                          # promote straight after canary start (audited as such)
+    canary_skip: Optional[bool] = None                 # promote straight after canary start (audited as such);
+                                                       #   default: promotion.yaml `canary_skip:`, else False
     owner: Optional[str] = None                        # a named approver (also the run tag ratchet/owner)
     registered_model: str = "ratchet-policy"
     now: Optional[str] = None                          # ISO-8601 evaluation time for consent (replays, tests)
@@ -37,16 +39,26 @@ class PromotionConfig(dg.Config):
 def _policies(cfg: PromotionConfig, root):
     from pathlib import Path
 
-    import yaml
+    from ratchet.promotion.config import DEFAULT_BASELINE, POLICY_FILE, CanaryPolicy, GatePolicy
 
-    from ratchet.promotion.config import CanaryPolicy, GatePolicy
-
-    path = Path(cfg.policy_path) if cfg.policy_path else root / "promotion.yaml"
-    data = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    path = Path(cfg.policy_path) if cfg.policy_path else root / POLICY_FILE
     if cfg.policy_path and not path.exists():
         raise dg.Failure(f"promotion policy file {path} does not exist")
+    data = _yaml(path)
+    baseline = cfg.baseline_policy_id or data.get("baseline") or DEFAULT_BASELINE
+    skip = cfg.canary_skip if cfg.canary_skip is not None else bool(data.get("canary_skip", False))
     return (GatePolicy.from_dict({**(data.get("gates") or {}), **cfg.gates}),
-            CanaryPolicy.from_dict({**(data.get("canary") or {}), **cfg.canary}), path if path.exists() else None)
+            CanaryPolicy.from_dict({**(data.get("canary") or {}), **cfg.canary}), path if path.exists() else None,
+            baseline, skip)
+
+
+def _yaml(path) -> dict:
+    import yaml
+
+    data = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    if not isinstance(data, dict):
+        raise dg.Failure(f"promotion policy file {path} must hold a mapping (gates:, canary:, baseline:, canary_skip:)")
+    return data
 
 
 @dg.asset(group_name="promotion", owners=OWNERS["promotion"], deps=["holdout_eval"], kinds={"duckdb", "mlflow"},
@@ -64,12 +76,12 @@ def promotion(context: dg.AssetExecutionContext, config: PromotionConfig, wareho
     from ratchet.promotion.flow import advance, label, read_inputs
     from ratchet.promotion.gates import evaluate_gates
 
-    gate_policy, canary_policy, policy_file = _policies(config, get_home(warehouse.home).root)
+    gate_policy, canary_policy, policy_file, baseline, canary_skip = _policies(config, get_home(warehouse.home).root)
     wh = warehouse.get()
     named = (config.candidate_policy_id, config.candidate_checkpoint_version or "") if config.candidate_policy_id else None
     with wh.connect() as con:
         try:
-            inputs = read_inputs(con, baseline=(config.baseline_policy_id, config.baseline_checkpoint_version),
+            inputs = read_inputs(con, baseline=(baseline, config.baseline_checkpoint_version),
                                  now=parse_now(config.now), candidate=named, eval_run_id=config.eval_run_id,
                                  checkpoint_id=config.checkpoint_id, min_seeds=gate_policy.min_seeds)
         except MissingEvaluation as e:
@@ -89,7 +101,7 @@ def promotion(context: dg.AssetExecutionContext, config: PromotionConfig, wareho
         client, inputs.candidate["policy_id"], inputs.candidate["checkpoint_version"], model_name=config.registered_model)}
     with wh.connect() as con:
         out = advance(con, report, inputs, gate_policy=gate_policy, canary_policy=canary_policy,
-                      owner=config.owner or context.run.tags.get("ratchet/owner"), canary_skip=config.canary_skip,
+                      owner=config.owner or context.run.tags.get("ratchet/owner"), canary_skip=canary_skip,
                       model=model, actor=f"dagster:{context.run_id}", dagster_run_id=context.run_id)
         moved = registry.apply(con, client, config.registered_model)
     if out.refused:
@@ -99,7 +111,7 @@ def promotion(context: dg.AssetExecutionContext, config: PromotionConfig, wareho
     return dg.MaterializeResult(metadata={
         "promotion_id": out.promotion_id, "verdict": report.verdict, "state": out.state.value,
         "candidate": cand, "champion_evaluated_against": champ,
-        "champion_now": label(out.champion) if out.champion else f"{config.baseline_policy_id} (baseline)",
+        "champion_now": label(out.champion) if out.champion else f"{baseline} (baseline)",
         "failing_gates": dg.MetadataValue.json(report.failed),
         "report": dg.MetadataValue.md(report.to_markdown()),
         "history": dg.MetadataValue.md(md_table(["seq", "state", "from", "actor", "reason"], [
@@ -131,7 +143,7 @@ def _meta(entry, *keys):
 def promotion_request(storage_id: int, entry) -> dg.RunRequest:
     """The run for one holdout_eval materialisation: its candidate (from the event's metadata
     `candidate_policy_id` / `policy_id`, `candidate_checkpoint_version` / `checkpoint_version`,
-    optionally `candidate_eval_run_id`; else the asset picks the newest learned candidate). The run
+    optionally `candidate_checkpoint_id` and `candidate_eval_run_id`; else the asset picks the newest learned candidate). The run
     key is the event's storage id, so a repeated tick never launches a second run for the same
     event. holdout_eval runs one policy x seed per materialisation: the asset waits (records
     nothing) until every seed of the candidate and the champion is in."""
@@ -140,12 +152,25 @@ def promotion_request(storage_id: int, entry) -> dg.RunRequest:
     if pid:
         cfg["candidate_policy_id"] = pid
         cfg["candidate_checkpoint_version"] = _meta(entry, "candidate_checkpoint_version", "checkpoint_version") or ""
+    ckpt = _meta(entry, "candidate_checkpoint_id")
+    if ckpt:
+        cfg["checkpoint_id"] = ckpt
     run = _meta(entry, "candidate_eval_run_id")     # holdout_eval's own `eval_run_id` is one seed's run: not used
     if run:
         cfg["eval_run_id"] = run
+    cycle = _meta(entry, "cycle")
     return dg.RunRequest(run_key=f"promotion-{storage_id}", run_config={"ops": {"promotion": {"config": cfg}}},
                          tags={"ratchet/trigger": "holdout_eval", "ratchet/holdout_eval_event": str(storage_id),
-                               **({"ratchet/candidate": pid} if pid else {})})
+                               **({"ratchet/candidate": pid} if pid else {}), **({"ratchet/cycle": cycle} if cycle else {})})
+
+
+def _is_candidate(entry) -> bool:
+    """A learned policy's evaluation, or any policy a cycle named as its candidate (a harness or
+    prompt variant is a configuration change that may be promoted too). Baselines evaluated for
+    comparison (harness / scripted, not a cycle's candidate) request nothing."""
+    if _meta(entry, "candidate_policy_id"):
+        return True
+    return not (_meta(entry, "policy_id") or "").startswith(BASELINE_PREFIXES)
 
 
 @dg.sensor(job=promotion_job, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
@@ -159,9 +184,7 @@ def promotion_sensor(context: dg.SensorEvaluationContext):
     if not records:
         return dg.SkipReason(f"no holdout_eval materialisation after event {after}")
     context.update_cursor(str(records[-1].storage_id))
-    # Baselines (harness / scripted policies) are never candidates; their events request nothing.
-    reqs = [promotion_request(r.storage_id, r.event_log_entry) for r in records
-            if not (_meta(r.event_log_entry, "candidate_policy_id", "policy_id") or "").startswith(BASELINE_PREFIXES)]
+    reqs = [promotion_request(r.storage_id, r.event_log_entry) for r in records if _is_candidate(r.event_log_entry)]
     return reqs or dg.SkipReason(f"{len(records)} new holdout_eval materialisation(s), all of baseline policies")
 
 

@@ -38,29 +38,24 @@ def tenant_of(candidate: str) -> str:
 
 
 def _dir(warehouse: WarehouseResource, *parts: str):
-    import re
-
+    from ratchet.cycle import checkpoint_dir
     from ratchet.home import get_home
 
-    return get_home(warehouse.home).checkpoints.joinpath(*[re.sub(r"[^A-Za-z0-9_.-]+", "_", p) for p in parts])
+    return checkpoint_dir(get_home(warehouse.home).checkpoints, *parts)
 
 
 def _pointer(warehouse: WarehouseResource, *parts: str) -> dict:
-    import json
+    from ratchet.cycle import read_pointer
+    from ratchet.home import get_home
 
-    p = _dir(warehouse, *parts) / "latest.json"
-    if not p.exists():
-        raise FileNotFoundError(f"no {'/'.join(parts)} checkpoint yet ({p}): materialise it first")
-    return json.loads(p.read_text())
+    return read_pointer(get_home(warehouse.home).checkpoints, *parts)
 
 
 def _set_pointer(warehouse: WarehouseResource, info: dict, *parts: str) -> None:
-    import json
+    from ratchet.cycle import write_pointer
+    from ratchet.home import get_home
 
-    d = _dir(warehouse, *parts)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "latest.tmp").write_text(json.dumps(info, default=str))
-    (d / "latest.tmp").replace(d / "latest.json")
+    write_pointer(get_home(warehouse.home).checkpoints, info, *parts)
 
 
 def _register(warehouse: WarehouseResource, context: dg.AssetExecutionContext, run, stage: str, checkpoint, *,
@@ -75,8 +70,8 @@ def _register(warehouse: WarehouseResource, context: dg.AssetExecutionContext, r
         out = record_checkpoint(con, run, tenant=tenant_of(cand), candidate=cand.split(":", 1)[1], stage=stage,
                                 checkpoint=checkpoint, parent=parent, parent_id=parent_id, manifest=manifest,
                                 env_digest=env_digest, dagster_run_id=context.run_id, cpu_s=cpu_s, history=history)
-    _set_pointer(warehouse, {"path": str(checkpoint), **{k: out[k] for k in ("checkpoint_id", "model_name", "version")}},
-                 cand, stage)
+    _set_pointer(warehouse, {"path": str(checkpoint), "curve": str(out["curve"]),
+                             **{k: out[k] for k in ("checkpoint_id", "model_name", "version")}}, cand, stage)
     return out
 
 
@@ -294,7 +289,9 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
 
 
 # One candidate end to end (SFT then RL), e.g. from a schedule that registers a new candidate each cycle.
-train_candidate_job = dg.define_asset_job("train_candidate", selection=["sft_checkpoint", "rl_checkpoint"],
-                                          partitions_def=CANDIDATES)
+train_candidate_job = dg.define_asset_job("train_candidate",
+                                          selection=["base_policy", "sft_checkpoint", "rl_checkpoint"],
+                                          partitions_def=CANDIDATES, tags={"ratchet/stage": "training"},
+                                          description="One candidate: base_policy (cached) -> SFT -> RL.")
 
 defs = dg.Definitions(assets=[base_policy, sft_checkpoint, dpo_checkpoint, rl_checkpoint], jobs=[train_candidate_job])

@@ -5,13 +5,14 @@ from dagster import Definitions
 from assets import consent, evaluation, ingest, promotion, splits, tasks, training
 from resources import MlflowTracking, WarehouseResource
 
+from . import cycle
 from .jobs import governance_job, ingest_job, lifecycle_job
 from .sensors import landing_sensor
 
 LAYERS = (ingest.defs, tasks.defs, splits.defs, consent.defs, training.defs, evaluation.defs, promotion.defs)
 
 defs = Definitions.merge(
-    *LAYERS,
+    *LAYERS, cycle.defs,
     Definitions(jobs=[ingest_job, governance_job, lifecycle_job], sensors=[landing_sensor],
                 resources={"warehouse": WarehouseResource(), "tracking": MlflowTracking()}),
 )

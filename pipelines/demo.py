@@ -7,10 +7,14 @@ Dagster instance under RATCHET_HOME (so `ratchet ui` shows the runs afterwards).
    plus one sample of every foreign format.
 3. Run the named `lifecycle_job`: ingest -> tasks -> dedup -> locked splits -> contamination gate
    -> consent -> training views -> judge calibration.
-4. Evaluate the policies on the locked holdout, 3 seeds each (`holdout_eval` partitions; the
-   demo evaluates the first `eval_tasks` holdout tasks and says so), then the summary, economics
-   and the scorecard, which is printed.
-5. Print a summary (the last line is JSON)."""
+4. Evaluate the baseline policies on the locked holdout, 3 seeds each (`holdout_eval` partitions;
+   the demo evaluates the first `eval_tasks` holdout tasks and says so).
+5. One improvement cycle (pipelines/cycle.py, the schedule's own path): a candidate for the tenant
+   with the most consented training data, base_policy -> SFT -> RL, its holdout evaluation, the
+   reports and the promotion decision against the champion (the SBFL harness until something is
+   promoted). `--no-train` skips it.
+6. Print the scorecard, the economics table, the promotion decision, where the checkpoints and
+   curves are, and how to open the UIs; the last line is JSON."""
 from __future__ import annotations
 
 import json
@@ -21,6 +25,17 @@ from datetime import datetime, timezone
 QUICK = {"problems": 12, "tasks": 16, "eval_tasks": 4}
 FULL = {"problems": None, "tasks": 120, "eval_tasks": 20}
 DEMO_POLICIES = ("harness:random", "harness:sbfl", "scripted:expert")
+# The demo candidate's training, sized for the 15-minute budget on 2 cores (docs/training.md has
+# the learning bench's larger runs). Quick: a smoke-sized model and a step or two.
+TRAIN = {"sft_checkpoint": {"config": {"epochs": 6.0}},
+         "rl_checkpoint": {"config": {"steps": 4, "tasks_per_step": 2, "group_size": 4}}}
+QUICK_TRAIN = {
+    "base_policy": {"config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                               "vocab_size": 512}},
+    "sft_checkpoint": {"config": {"max_steps": 2, "batch_size": 1, "max_length": 2048}},
+    "rl_checkpoint": {"config": {"steps": 1, "tasks_per_step": 1, "group_size": 2, "max_tokens": 10, "max_turns": 1,
+                                 "checkpoint_every": 1, "concurrency": 2, "max_string": 8, "task_limit": 2}}}
+QUICK_POLICY = {"sampling": {"max_tokens": 24}}
 
 
 def _say(msg: str) -> None:
@@ -53,7 +68,8 @@ def prepare_landing(home, size: dict) -> dict:
     return {"agent_log_lines": logs.get("lines"), "trajectories": logs.get("trajectories"), **samples}
 
 
-def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: int | None = None) -> int:
+def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: int | None = None,
+             train: bool = True) -> int:
     from dagster import DagsterInstance
 
     from assets.evaluation import run_evaluation
@@ -84,20 +100,91 @@ def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: in
         _say(f"evaluating {', '.join(DEMO_POLICIES)} x 3 seeds on the first {n} locked holdout tasks "
              f"(the demo's smaller holdout; the reference workload is 400 x 3: ratchet demo --eval-tasks 400)")
         ok = run_evaluation(instance, defs.resources, policies=DEMO_POLICIES,
-                            holdout_config={"task_limit": n}, log=_say, tags=tags)
+                            holdout_config={"task_limit": n}, log=_say, tags=tags, report=not train)
         if not ok:
             _say("the evaluation failed; see `ratchet ui` for the step logs")
             return 1
+        cycle = improvement_cycle(home, instance, defs, quick, n) if train else None
+        if cycle is not None and not cycle["ok"]:
+            _say(f"the improvement cycle failed ({cycle['runs']}); see `ratchet ui` for the step logs")
+            return 1
+        if train and cycle is None and not run_evaluation(instance, defs.resources, policies=(), log=_say, tags=tags):
+            _say("the evaluation reports failed; see `ratchet ui` for the step logs")
+            return 1
     summary = collect_summary(home)
+    report(home, cycle)
+    _say(f"done in {time.perf_counter() - t0:.0f} s")
+    print(json.dumps({"demo": "ok", "warehouse": str(home.warehouse), **summary,
+                      "cycle": _cycle_summary(cycle)}, default=str))
+    return 0
+
+
+def improvement_cycle(home, instance, defs, quick: bool, n: int) -> dict | None:
+    """One cycle through the schedule's request path: the tenant with the most consented, accepted
+    train-split trajectories gets a candidate; the champion phase resumes the baselines' rows."""
+    from pipelines.cycle import run_cycle
+    from ratchet.cycle import CycleSettings
+    from ratchet.warehouse import Warehouse
+
+    rows = Warehouse(home.warehouse).store().read(
+        "SELECT ts.tenant_id, count(*) AS n FROM training_set ts JOIN trajectories t USING (record_id) "
+        "WHERE ts.split = 'train' AND t.accepted GROUP BY 1 ORDER BY 2 DESC, 1")
+    if not rows:
+        _say("no tenant has consented, accepted train-split trajectories: no candidate to train this time")
+        return None
+    tenant, n_rows = rows[0]["tenant_id"], rows[0]["n"]
+    per_tenant = ", ".join(f"{r['tenant_id']} {r['n']}" for r in rows)
+    _say(f"improvement cycle: a candidate for tenant {tenant} ({n_rows} consented training trajectories; "
+         f"per tenant: {per_tenant}): base_policy -> SFT -> RL, "
+         f"then the champion and the candidate on the same {n} holdout tasks x 3 seeds, then the promotion gates"
+         + (" (quick: a smoke-sized model and one RL step)" if quick else ""))
+    settings = CycleSettings(tenant=tenant, candidate="train", eval_task_limit=n, lifecycle=False,
+                             ops=QUICK_TRAIN if quick else TRAIN, policy_kwargs=QUICK_POLICY if quick else {})
+    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    out = run_cycle(instance, defs, settings=settings, when=today, log=_say)   # one demo candidate a day: a re-run resumes
+    out["tenant"], out["training_trajectories"] = tenant, n_rows
+    return out
+
+
+def report(home, cycle: dict | None) -> None:
+    """The demo's closing: scorecard, economics, promotion decision, where things are, what next."""
+    from ratchet.cycle import read_pointer
     from ratchet.evaluation.io import scorecard_text
     from ratchet.warehouse import Warehouse
 
-    print(scorecard_text(Warehouse(home.warehouse)), file=sys.stderr)
+    wh = Warehouse(home.warehouse)
+    print(scorecard_text(wh), file=sys.stderr)
     _say(f"scorecard stored at {home.root / 'scorecard.md'} (and in the scorecard asset's metadata and MLflow); "
          f"`ratchet scorecard` prints it again")
-    _say(f"done in {time.perf_counter() - t0:.0f} s. Try: ratchet query \"SELECT * FROM v_split_summary\"")
-    print(json.dumps({"demo": "ok", "warehouse": str(home.warehouse), **summary}, default=str))
-    return 0
+    if cycle is not None:
+        cand = cycle["candidate"]
+        for stage in ("sft", "rl"):
+            try:
+                ptr = read_pointer(home.checkpoints, cand, stage)
+            except FileNotFoundError:
+                continue
+            _say(f"{stage} checkpoint {ptr['checkpoint_id']}: {ptr['path']} (learning curve: {ptr.get('curve', '-')})")
+        p = cycle["promotion"]
+        if p:
+            gates = ", ".join(p.get("failing_gates") or []) or "none"
+            _say(f"promotion decision for {p.get('candidate')} against {p.get('champion_evaluated_against')}: "
+                 f"{str(p.get('state')).upper()} (verdict {p.get('verdict')}; failing gates: {gates}); "
+                 f"champion now: {p.get('champion_now', '-')}")
+            _say("gate report: ratchet query \"SELECT seq, state, actor, reason FROM v_promotion_history\"")
+    _say("open the Dagster UI: ratchet ui   (asset graph, runs, checks, the weekly improvement_schedule)")
+    _say("open the MLflow UI:  ratchet mlflow   (checkpoints, learning curves, scorecards)")
+    _say("query DuckDB:        ratchet query \"SELECT * FROM v_policy_scorecard\"   "
+         "(also v_economics, v_slice_deltas, v_lineage, v_consent_exclusions)")
+
+
+def _cycle_summary(cycle: dict | None) -> dict | None:
+    if cycle is None:
+        return None
+    p = cycle["promotion"] or {}
+    return {"candidate": cycle["candidate"], "tenant": cycle.get("tenant"),
+            "training_trajectories": cycle.get("training_trajectories"),
+            "policy": p.get("candidate"), "decision": p.get("state"), "verdict": p.get("verdict"),
+            "failing_gates": p.get("failing_gates"), "champion_now": p.get("champion_now")}
 
 
 def collect_summary(home) -> dict:

@@ -9,8 +9,9 @@ governance_job = define_asset_job(
     description="Task suite, dedup clusters, locked splits (contamination gate), consent training views.")
 
 # Everything up to the evaluation that is not partitioned: what `make demo` and a cycle run first.
+LIFECYCLE_SELECTION = AssetSelection.groups("ingest", "tasks", "governance", "consent") | AssetSelection.assets(
+    "judge_calibration")
 lifecycle_job = define_asset_job(
-    "lifecycle_job",
-    selection=AssetSelection.groups("ingest", "tasks", "governance", "consent") | AssetSelection.assets("judge_calibration"),
+    "lifecycle_job", selection=LIFECYCLE_SELECTION,
     tags={"ratchet/stage": "lifecycle"},
     description="Ingest -> task suite -> dedup -> locked splits (contamination gate) -> consent -> judge calibration.")

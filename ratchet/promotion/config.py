@@ -121,3 +121,25 @@ class CanaryPolicy:
     @classmethod
     def from_yaml(cls, path: str | Path) -> CanaryPolicy:
         return cls.from_dict(_load_yaml(path, "canary"))
+
+
+DEFAULT_BASELINE = "harness:sbfl"
+POLICY_FILE = "promotion.yaml"
+
+
+def promotion_file(root: str | Path) -> dict:
+    """RATCHET_HOME/promotion.yaml as a mapping ({} when absent): `gates:`, `canary:`,
+    `baseline:` (the champion while nothing has been promoted) and `canary_skip:`."""
+    import yaml
+
+    path = Path(root) / POLICY_FILE
+    data = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path} must hold a mapping (gates:, canary:, baseline:, canary_skip:)")
+    return dict(data)
+
+
+def baseline_policy_id(root: str | Path) -> str:
+    """The champion while nothing has been promoted: promotion.yaml's `baseline`, else the
+    SBFL-guided harness (the strongest no-weights baseline Ratchet ships)."""
+    return str(promotion_file(root).get("baseline") or DEFAULT_BASELINE)

@@ -129,8 +129,14 @@ def contamination_rate(con) -> tuple[float | None, str]:
 
 def checkpoint_ids(policy_id: str, checkpoint_version: str) -> list[str]:
     """How a checkpoint may be named in the `checkpoints` registry (trainers register one of these;
-    eval policy ids carry the version already, e.g. "embedded:rl@3" with checkpoint_version "3")."""
-    return [checkpoint_version, policy_id, f"{policy_id}@{checkpoint_version}"]
+    eval policy ids carry the version already, e.g. "embedded:rl@3" with checkpoint_version "3").
+    A cycle's candidate "embedded:<registered model>@<version>" is the trainer's "<model>/<version>"."""
+    ids = [checkpoint_version, policy_id, f"{policy_id}@{checkpoint_version}"]
+    engine, _, rest = policy_id.partition(":")
+    if rest and "@" in rest:
+        name, _, version = rest.rpartition("@")
+        ids.append(f"{name}/{version}")
+    return ids
 
 
 def consent_lineage(con, policy_id: str, checkpoint_version: str, now: datetime,
