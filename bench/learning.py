@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 STRUCT_SIZE = {"quick": dict(problems=16, train_tasks=40, val_tasks=10, sft_epochs=3.0, rl_steps=2,
                              rl_tasks_per_step=2, rl_group_size=4),
-               "default": dict(problems=40, train_tasks=124, val_tasks=100, sft_epochs=8.0, rl_steps=12,
-                               rl_tasks_per_step=3, rl_group_size=8)}
+               "default": dict(problems=40, train_tasks=90, val_tasks=60, sft_epochs=4.0, rl_steps=8,
+                               rl_tasks_per_step=2, rl_group_size=8)}
 
 
 def cpu_now() -> float:
@@ -121,6 +121,8 @@ def plot(results: dict, cpu: dict, path: Path) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reuse-data", action="store_true",
+                    help="keep --out and reuse its demonstrations (data.json) from an earlier run of the same size")
     ap.add_argument("--out", default="/tmp/ratchet-learning")
     ap.add_argument("--k", type=int, default=4, help="attempt budget of the harnesses")
     ap.add_argument("--max-turns", type=int, default=14)
@@ -150,8 +152,9 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     out = Path(a.out)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    if not a.reuse_data:
+        shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
     rt = LocalRuntime()
     t0, cpu = time.monotonic(), {}
     say = lambda s: print(f"[{time.monotonic() - t0:6.0f}s] {s}", flush=True)   # noqa: E731
@@ -179,7 +182,12 @@ def main(argv=None) -> int:
     say(f"base_policy {base.name} built in {cpu['base_policy']:.0f} CPU s (train tasks only)")
 
     c = cpu_now()
-    demo = run_harness("structured", train_used, prior=prior, k=a.k, max_turns=a.max_turns, runtime=rt)
+    cached = out / f"data-{len(train_used)}-{a.k}-{a.max_turns}.json"
+    if a.reuse_data and cached.exists():
+        demo = json.loads(cached.read_text())
+    else:
+        demo = run_harness("structured", train_used, prior=prior, k=a.k, max_turns=a.max_turns, runtime=rt)
+        cached.write_text(json.dumps(demo))
     cpu["data"] = cpu_now() - c
     data = [{"record_id": f"bench-{i:04d}", "task_id": d["task_id"], "consent_id": None, "messages": d["messages"],
              "tools": d["tools"]} for i, d in enumerate(demo) if d["passed"]]

@@ -43,7 +43,8 @@ GENERATOR = "ratchet-loggen/1"
 # Share of jobs run by the structured production agent (agent@v7-structured: localize ->
 # propose_edits -> apply_edit -> run_tests -> submit, sandboxes.agents.prior): the trajectories the
 # embedded policy's structured tool subset can imitate. The rest: expert / noisy by expert_share.
-STRUCTURED_SHARE = 0.4
+STRUCTURED_SHARE = 0.6
+STRUCTURED_K = 6               # its attempt budget: more accepted trajectories per job
 
 
 def count_tokens(text: str | None) -> int:
@@ -145,7 +146,7 @@ def _run_job(job: Job):
 
     # The production agent ranks candidates by SBFL order only (an empty prior): a prior fit here
     # would count fix kinds of tasks that governance may later put in validation or holdout.
-    kw = {"prior": Prior.from_counts({})} if job.agent == "structured" else {}
+    kw = {"prior": Prior.from_counts({}), "k": STRUCTURED_K} if job.agent == "structured" else {}
     return job.index, run_agent(job.agent, _BUNDLES[job.task_id], seed=job.seed, runtime=_RUNTIME, **kw)
 
 
