@@ -102,6 +102,10 @@ class Completion:
     # per sampled token: True where the grammar allowed exactly one token (no choice was made);
     # None when the engine does not know (unconstrained, no tokens)
     forced: list[bool] | None = None
+    # with masked logprobs (TransformersPolicy(masked_logprobs=True)): per sampled token, the ids
+    # the grammar allowed (None where forced); `logprobs` are then under the renormalised masked
+    # distribution, the policy a constrained decoder actually samples from
+    allowed: list | None = None
 
     def message(self, call_prefix: str = "call") -> dict:
         """The OpenAI chat assistant message (tool call ids filled in when the engine gave none)."""

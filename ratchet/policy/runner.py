@@ -51,6 +51,7 @@ class Turn:
     logprobs: list[float] | None = None
     policy_s: float = 0.0
     forced: list[bool] | None = None       # per sampled token: the grammar left one choice (Completion.forced)
+    allowed: list | None = None            # per sampled token: allowed ids at a choice (Completion.allowed)
 
 
 @dataclass
@@ -108,7 +109,8 @@ def training_sequence(rec) -> dict | None:
     (every later token: sampled ones and the tool/observation tokens between them), env_mask
     (1 = sampled by the policy, 0 = tool output) and logprobs (0.0 at env tokens), the shape TRL's
     GRPO `rollout_func` returns; plus choice_mask (env_mask without the tokens the grammar forced:
-    where it allowed one token, the policy chose nothing). None when the engine has no token ids or a turn's prompt does
+    where it allowed one token, the policy chose nothing) and allowed (per completion token, the ids
+    the grammar allowed at a choice, when the engine recorded them; else None). None when the engine has no token ids or a turn's prompt does
     not extend the previous prompt + completion (then train per turn on `turn_records`).
     `rec`: an EpisodeRecord or its list of Turns."""
     turns = rec if isinstance(rec, list) else rec.turn_records
@@ -117,7 +119,7 @@ def training_sequence(rec) -> dict | None:
         return None
     ids = list(ts[0].prompt_ids)
     prompt_len = len(ids)
-    mask, lps, choice = [], [], []
+    mask, lps, choice, allowed = [], [], [], []
     for t in ts:
         if t.prompt_ids[:len(ids)] != ids:
             return None
@@ -127,8 +129,10 @@ def training_sequence(rec) -> dict | None:
         lps += [0.0] * len(gap) + list(t.logprobs or [0.0] * len(t.completion_ids))
         forced = t.forced if t.forced is not None and len(t.forced) == len(t.completion_ids) else None
         choice += [0] * len(gap) + ([int(not f) for f in forced] if forced is not None else [1] * len(t.completion_ids))
+        ok = t.allowed is not None and len(t.allowed) == len(t.completion_ids)
+        allowed = None if allowed is None or not ok else allowed + [None] * len(gap) + list(t.allowed)
     return {"prompt_ids": ids[:prompt_len], "completion_ids": ids[prompt_len:], "env_mask": mask,
-            "logprobs": lps, "choice_mask": choice}
+            "logprobs": lps, "choice_mask": choice, "allowed": allowed}
 
 
 class _Episode:
@@ -191,7 +195,7 @@ class _Episode:
             self.messages.append({"role": "user", "content": o})
         self.turns.append(Turn(len(self.turns), c.text, calls, obs, c.finish_reason, c.prompt_tokens,
                                c.completion_tokens, c.prompt_ids, c.token_ids, c.logprobs, c.latency_s,
-                               c.forced))
+                               c.forced, c.allowed))
         if not env.done and len(self.turns) >= env.max_turns:
             env.finish("")                 # the runner's budget (replies without calls count)
         self.done = env.done

@@ -67,6 +67,7 @@ class GRPOSettings:
     max_int: int = 99_999              # a smaller bound puts line numbers / indices within reach
     action_mask: str | None = None     # "structured": ratchet.policy.action_mask narrows each turn's grammar
     choice_only: bool = False          # loss only on tokens where the grammar left a choice (build_update)
+    masked_logprobs: bool = False      # policy = the grammar-masked distribution (sampler and trainer)
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -137,6 +138,7 @@ def build_update(records, group_size: int, choice_only: bool = False) -> tuple[l
             continue
         p = len(s["prompt_ids"])
         seqs.append({"input_ids": s["prompt_ids"] + s["completion_ids"], "mask": [0] * p + m,
+                     "allowed": [None] * p + s["allowed"] if s.get("allowed") is not None else None,
                      "old_logprobs": [0.0] * p + s["logprobs"], "advantage": a, "task_id": r.task_id,
                      "seed": r.seed})
     scored = [r for r in records if r.reward is not None]
@@ -146,16 +148,26 @@ def build_update(records, group_size: int, choice_only: bool = False) -> tuple[l
     return seqs, counts
 
 
-def _token_logprobs(model, ids, temperature: float):
+def _token_logprobs(model, ids, temperature: float, allowed=None):
     """log p(ids[t] | ids[<t]) at every position t >= 1 (position 0 gets 0), and the entropy of
-    each predictive distribution, at the sampler's temperature."""
+    each predictive distribution, at the sampler's temperature. `allowed[t]` (ids, or None): at
+    those positions the distribution is the grammar-masked one, renormalised over the allowed ids
+    (what the constrained sampler drew from, when it recorded them)."""
     import torch
 
     x = torch.tensor([ids])
     logits = model(input_ids=x).logits[0, :-1].float() / temperature
+    if allowed is not None:
+        rows = [t - 1 for t in range(1, len(ids)) if allowed[t]]
+        if rows:
+            keep = torch.zeros(len(rows), logits.shape[-1], dtype=torch.bool)
+            for i, t in enumerate(rows):
+                keep[i, allowed[t + 1]] = True
+            idx = torch.tensor(rows)
+            logits = logits.index_put((idx,), logits[idx].masked_fill(~keep, float("-inf")))
     logp_all = torch.log_softmax(logits, -1)
     lp = logp_all.gather(1, x[0, 1:].unsqueeze(1)).squeeze(1)
-    ent = -(logp_all.exp() * logp_all).sum(-1)
+    ent = -(logp_all.exp() * logp_all.clamp_min(-1e30)).sum(-1)
     zero = torch.zeros(1)
     return torch.cat([zero, lp]), torch.cat([zero, ent.detach()])
 
@@ -176,9 +188,9 @@ def grpo_update(model, ref_model, optimizer, seqs: list[dict], settings: GRPOSet
     optimizer.zero_grad(set_to_none=True)
     for s in seqs:
         w = sum(s["mask"]) / n_tok
-        lp, ent = _token_logprobs(model, s["input_ids"], settings.temperature)
+        lp, ent = _token_logprobs(model, s["input_ids"], settings.temperature, s.get("allowed"))
         with torch.no_grad():
-            ref, _ = _token_logprobs(ref_model, s["input_ids"], settings.temperature)
+            ref, _ = _token_logprobs(ref_model, s["input_ids"], settings.temperature, s.get("allowed"))
         mask = torch.tensor([s["mask"]])
         old = torch.tensor([s["old_logprobs"]], dtype=lp.dtype)
         loss, st = token_loss(lp.unsqueeze(0), old, ref.unsqueeze(0), torch.tensor([float(s["advantage"])]), mask,
@@ -273,7 +285,8 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
         batches.append(jobs)
         # a fresh engine per step: its KV caches hold activations of the weights before the update
         policy = TransformersPolicy(model, tok, policy_id=f"grpo:{step}", constrained=True, chat="embedded",
-                                    grammar={"bounds": settings.bounds()}, action_mask=settings.action_mask)
+                                    grammar={"bounds": settings.bounds()}, action_mask=settings.action_mask,
+                                    masked_logprobs=settings.masked_logprobs)
         recs = run_episodes(policy, [(by_id[t], s) for t, s in jobs], concurrency=settings.concurrency,
                             sampling=sampling, runtime=runtime, judge=judge, weights=weights,
                             max_turns=settings.max_turns, min_batch=settings.concurrency)

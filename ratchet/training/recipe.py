@@ -3,6 +3,8 @@
     res = train_candidate(base_path, rows, out_dir, RecipeSettings.demo(), bundles=train_bundles,
                           runtime=LocalRuntime())
     res.sft.checkpoint, res.rl.checkpoint, res.curves, res.cpu_s
+    sft = sft_stage(base_path, rows, out_dir, settings)          # the same, one stage per asset
+    rl = rl_stage(sft.checkpoint, curriculum(bundles, rows), out_dir, settings, runtime=rt)
 
 The recipe that made the embedded policy learn (docs/training.md, bench/learning.py):
 - structured calls only: the policy is offered localize, propose_edits, apply_edit, run_tests and
@@ -37,6 +39,7 @@ class RecipeSettings:
     max_tokens: int = 96
     min_structured: int = 8
     choice_only: bool = True           # GRPO loss on the tokens the grammar left a choice at
+    masked_logprobs: bool = True       # GRPO's policy is the masked distribution (no mass pushed to invalid tokens)
     seed: int = 0
     threads: int = 1
     sft_overrides: dict = field(default_factory=dict)
@@ -58,7 +61,8 @@ class RecipeSettings:
                             max_turns=self.max_turns, max_tokens=self.max_tokens,
                             concurrency=self.rl_tasks_per_step * self.rl_group_size,
                             checkpoint_every=max(1, self.rl_steps // 3), seed=self.seed, threads=self.threads,
-                            thought_chars=0, max_string=32, action_mask="structured", choice_only=self.choice_only)
+                            thought_chars=0, max_string=32, action_mask="structured", choice_only=self.choice_only,
+                            masked_logprobs=self.masked_logprobs)
 
 
 @dataclass
@@ -92,33 +96,58 @@ def _offer_structured(rows) -> list[dict]:
     return [{**r, "tools": structured_tools(TOOL_SCHEMAS)} for r in rows]
 
 
+def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings()):
+    """SFT under the recipe (structured rows if enough, calls only) -> SFTResult; the checkpoint
+    carries its decoding config (the structured mask, calls-only bounds)."""
+    from ratchet.policy.embedded.decoding import write_decoding
+    from ratchet.training.sft import train_sft
+
+    rows = list(rows)
+    picked = structured_rows(rows)
+    data = picked if len(picked) >= settings.min_structured else _offer_structured(rows)
+    res = train_sft(base_path, data, out_dir, settings.sft())
+    write_decoding(res.checkpoint, action_mask="structured", bounds=settings.grpo().bounds())
+    res.n_structured = len(picked)
+    return res
+
+
+def rl_stage(sft_path, bundles, out_dir, settings: RecipeSettings = RecipeSettings(), *, runtime=None, judge=None,
+             weights=None, on_step=None, resume: bool = True):
+    """GRPO under the recipe from the SFT checkpoint on `bundles` (train-split tasks; a curriculum
+    of tasks the tenant's agents solved gives groups with passes) -> GRPOResult; resumes."""
+    from ratchet.training.grpo_loop import train_grpo
+
+    return train_grpo(sft_path, list(bundles), out_dir, settings.grpo(), runtime=runtime, judge=judge,
+                      weights=weights, resume=resume, on_step=on_step)
+
+
+def curriculum(bundles, rows) -> list:
+    """The bundles whose task has an accepted trajectory among `rows` (solved by an agent sometimes:
+    GRPO groups on them hold passes); all bundles if none does."""
+    solved = {r["task_id"] for r in rows if r.get("task_id")}
+    picked = [b for b in bundles if b.task_id in solved]
+    return picked or list(bundles)
+
+
 def train_candidate(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings(), *, bundles=(),
                     runtime=None, judge=None, weights=None, on_step=None, resume: bool = True) -> CandidateResult:
     """SFT on `rows` (one tenant's governed training rows: record_id, messages, tools, ...) from
     `base_path`, then GRPO on `bundles` (train-split TaskBundles) from the SFT checkpoint, both
     under the structured action mask. Writes out_dir/sft, out_dir/rl and out_dir/*_curve.png."""
-    from ratchet.policy.embedded.decoding import write_decoding
-    from ratchet.training.grpo_loop import train_grpo
-    from ratchet.training.sft import train_sft
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
-    picked = structured_rows(rows)
-    data = picked if len(picked) >= settings.min_structured else _offer_structured(rows)
-    g = settings.grpo()
-    sft = train_sft(base_path, data, out / "sft", settings.sft())
-    write_decoding(sft.checkpoint, action_mask="structured", bounds=g.bounds())
+    sft = sft_stage(base_path, rows, out / "sft", settings)
     curves = {"sft": str(plot_curve([{"step": i + 1, "loss": v} for i, v in enumerate(sft.losses)],
                                     out / "sft_curve.png", "SFT", ("loss",)))}
     rl = None
     if settings.rl_steps > 0 and bundles:
-        rl = train_grpo(sft.checkpoint, list(bundles), out / "rl", g, runtime=runtime, judge=judge,
-                        weights=weights, resume=resume, on_step=on_step)
+        rl = rl_stage(sft.checkpoint, bundles, out / "rl", settings, runtime=runtime, judge=judge, weights=weights,
+                      on_step=on_step, resume=resume)
         curves["rl"] = str(plot_curve(rl.history, out / "rl_curve.png", "GRPO", ("reward", "pass_rate", "kl", "entropy")))
     cpu = {"sft": sft.cpu_s, "rl": rl.cpu_s if rl else 0.0}
     cpu["total"] = round(cpu["sft"] + cpu["rl"], 3)
-    return CandidateResult(sft, rl, curves, cpu, len(rows), len(picked))
+    return CandidateResult(sft, rl, curves, cpu, len(rows), sft.n_structured)
 
 
 def plot_curve(history: list[dict], path, title: str, keys) -> Path:

@@ -56,3 +56,31 @@ def test_train_candidate_sft_then_rl_under_the_mask(tmp_path, tiny_model, tokeni
         assert pol.action_mask == "structured" and pol.grammar["bounds"].thought_chars == 0
     meta = json.loads((res.rl.checkpoint / "ratchet_checkpoint.json").read_text())
     assert meta["settings"]["action_mask"] == "structured" and meta["settings"]["choice_only"] is True
+
+
+def test_masked_logprobs_are_the_trainers(tiny_model, tokenizer, trajectories, tools):
+    """With masked_logprobs the sampler's logprob of each token is under the grammar-masked
+    distribution, and the trainer recomputes exactly that from the recorded allowed ids."""
+    from ratchet.policy.base import GenerationRequest
+    from ratchet.policy.engines.transformers_engine import TransformersPolicy
+    from ratchet.policy.grammar import Bounds
+    from ratchet.training.grpo_loop import _token_logprobs
+
+    pol = TransformersPolicy(tiny_model, tokenizer, constrained=True, chat="embedded", action_mask="structured",
+                             masked_logprobs=True, grammar={"bounds": Bounds(thought_chars=0, max_string=32)},
+                             prefix_cache=0)
+    t = next(t for t in trajectories if t["agent_id"].startswith("expert"))
+    loc = next(i for i, m in enumerate(t["messages"]) if m.get("name") == "localize" and m["role"] == "tool")
+    c = pol.generate([GenerationRequest(t["messages"][:loc + 1], tools, n=1, temperature=1.0, seed=3,
+                                        max_tokens=200)])[0][0]
+    assert c.finish_reason == "stop" and len(c.allowed) == len(c.token_ids)
+    choices = [i for i, a in enumerate(c.allowed) if a is not None]
+    assert choices and all(c.allowed[i] is None for i, f in enumerate(c.forced) if f)
+    assert all(c.logprobs[i] == 0.0 for i, f in enumerate(c.forced) if f)          # prob 1 under the mask
+    ids = c.prompt_ids + c.token_ids
+    lp, _ = _token_logprobs(tiny_model, ids, 1.0, [None] * len(c.prompt_ids) + c.allowed)
+    full, _ = _token_logprobs(tiny_model, ids, 1.0)
+    p, lp, full = len(c.prompt_ids), lp.detach(), full.detach()
+    for i in choices:
+        assert abs(float(lp[p + i]) - c.logprobs[i]) < 1e-4
+        assert float(lp[p + i]) > float(full[p + i])          # renormalised over fewer tokens

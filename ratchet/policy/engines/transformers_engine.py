@@ -68,6 +68,7 @@ class _Row:
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     forced: list[bool] = field(default_factory=list)
+    allowed: list = field(default_factory=list)     # per token: allowed ids at a choice, None when forced
     finish: str | None = None
     text: str | None = None
 
@@ -80,7 +81,7 @@ class TransformersPolicy:
     def __init__(self, model, tokenizer, *, policy_id: str = "hf:model", constrained: bool = False,
                  chat: str = "template", max_batch: int = 64, threads: int | None = None,
                  grammar: dict | None = None, prefix_cache: int = 64, gqa_decode: bool = True,
-                 action_mask: str | None = None, config: dict | None = None):
+                 action_mask: str | None = None, masked_logprobs: bool = False, config: dict | None = None):
         if chat not in ("template", "embedded"):
             raise ValueError(f"chat must be 'template' or 'embedded', got {chat!r}")
         if chat == "template" and not getattr(tokenizer, "chat_template", None):
@@ -96,6 +97,9 @@ class TransformersPolicy:
         # policy-side action mask (ratchet.policy.action_mask): the prompt lists the structured
         # tools, the grammar offers this turn's narrowed schemas
         self.action_mask = action_mask
+        # logprobs under the grammar-masked distribution (renormalised over the allowed tokens) and
+        # the allowed ids of each choice token: what a trainer of the constrained policy needs
+        self.masked_logprobs = masked_logprobs and constrained
         # KV caches kept between calls (0: off): each episode's last turn (up to `prefix_cache` of
         # them), and the system turn (system prompt + tools) every episode of a task suite shares
         self.prefix_cache = prefix_cache
@@ -205,7 +209,8 @@ class TransformersPolicy:
                 text=content, tool_calls=calls, finish_reason=row.finish or "length",
                 prompt_tokens=len(row.prompt_ids), completion_tokens=len(row.out), latency_s=dt,
                 token_ids=list(row.out), logprobs=list(row.lps), prompt_ids=list(row.prompt_ids),
-                forced=list(row.forced) if row.processor is not None else None))
+                forced=list(row.forced) if row.processor is not None else None,
+                allowed=list(row.allowed) if self.masked_logprobs else None))
         return out
 
     @contextmanager
@@ -340,9 +345,14 @@ class TransformersPolicy:
                 probs = probs.scatter(0, idx[drop], 0.0)
             tok = int(torch.multinomial(probs, 1, generator=r.gen))
         r.out.append(tok)
-        r.lps.append(float(logp[tok]))
         if r.processor is not None:     # one allowed token: the grammar chose it (Completion.forced)
-            r.forced.append(bool(torch.isfinite(pick).sum() == 1))
+            ok = torch.isfinite(pick)
+            forced = bool(ok.sum() == 1)
+            r.forced.append(forced)
+            if self.masked_logprobs:
+                r.allowed.append(None if forced else ok.nonzero()[:, 0].tolist())
+                logp = torch.log_softmax(pick, -1)
+        r.lps.append(float(logp[tok]))
         if tok in self.eos_ids:
             r.finish = "stop"
         elif r.stop:
