@@ -10,7 +10,10 @@ extrapolated linearly from the measured run and the JSON says so), the overhead 
 policy and its sandbox work (`overhead_fraction` = 1 - sum(policy_s + sandbox_s) / (wall x
 workers): env setup/teardown, the pool, row building and warehouse writes), and the named
 baseline: the same episodes one at a time in one process (sequential), measured on
---baseline-episodes episodes and extrapolated to 1,200 (said in the JSON).
+--baseline-episodes episodes and extrapolated to 1,200 (said in the JSON). Progress lines go to
+stderr as rows are stored, so a run stopped early still says how far it got; the JSON also holds
+the latency p50/p95/max, the episodes over 5 s, the tasks' per-test CPU limit (`test_cpu_s`) and
+the suite generator version (the environment), and the load average at start and end.
 """
 from __future__ import annotations
 
