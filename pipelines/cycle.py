@@ -207,10 +207,13 @@ def run_cycle(instance: dg.DagsterInstance, defs: dg.Definitions, *, when: datet
     # Without explicit settings this is the schedule's own evaluation (cycle.yaml), as a tick would run it.
     start = (improvement_schedule(dg.build_schedule_context(instance=instance, scheduled_execution_time=when))
              if given is None else cycle_start(instance, settings, when, trigger="run_cycle"))
-    runs, queue, promo = [], [start], {}
+    runs, queue, promo, seen = [], [start], {}, set()
     cursor = _latest_eval_event(instance)
     while queue:
         req = queue.pop(0)
+        if req.run_key in seen:        # the daemon drops a repeated run key the same way
+            continue
+        seen.add(req.run_key)
         done = _succeeded(instance, req.run_key)
         if done is not None:
             log(f"{req.job_name} {req.partition_key or ''}: done before (run {done.run_id[:8]}), resumed")
@@ -232,11 +235,17 @@ def run_cycle(instance: dg.DagsterInstance, defs: dg.Definitions, *, when: datet
                 pres = _execute(instance, defs, p, promotion_job.name)
                 runs.append((promotion_job.name, pres.success))
                 if pres.success:
-                    promo = _metadata(pres.asset_materializations_for_node("promotion")[-1])
-                    log(f"promotion: {promo.get('state')} ({promo.get('verdict')})")
+                    md = _metadata(pres.asset_materializations_for_node("promotion")[-1])
+                    log(f"promotion: {md.get('state')} ({md.get('verdict')})")
+                    if _decided(md) or not promo:     # later "already the champion" events keep the decision
+                        promo = md
     cycle = start.tags[CYCLE]
     return {"candidate": cycle, "runs": runs, "promotion": promo or _last_promotion(instance, cycle),
             "ok": all(ok for _, ok in runs)}
+
+
+def _decided(md: dict) -> bool:
+    return md.get("state") != "waiting" and md.get("verdict") != "already the champion"
 
 
 def _metadata(mat) -> dict:
@@ -255,7 +264,7 @@ def _last_promotion(instance, cycle: str) -> dict:
     for rec in instance.fetch_materializations(dg.AssetKey("promotion"), limit=50, ascending=False).records:
         run = instance.get_run_by_id(rec.run_id)
         md = _metadata(rec.event_log_entry.asset_materialization)
-        if run is not None and run.tags.get(CYCLE) == cycle and md.get("state") != "waiting":
+        if run is not None and run.tags.get(CYCLE) == cycle and _decided(md):
             return md
     return {}
 

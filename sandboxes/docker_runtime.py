@@ -461,7 +461,8 @@ class DockerEpisode:
         if self._worker is None:
             self._worker = PytestWorkerClient(self._runner, self.workdir, str(self.dir / "worker.stderr"))
         t0 = time.monotonic()
-        resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars)
+        resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars,
+                                    test_cpu_s=self.limits.test_cpu_s)
         if resp.get("error"):
             self._reset_processes()        # closes the worker; the next call starts a fresh one
         return report_from_worker(resp, test_ids, time.monotonic() - t0)

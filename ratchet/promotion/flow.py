@@ -21,7 +21,9 @@ from .gates import Evidence, GateReport
 
 
 def label(side: dict) -> str:
-    return f"{side['policy_id']}@{side['checkpoint_version'] or '-'}"
+    """"policy@version", or the policy id alone when it has no version or already names it."""
+    pid, ver = side["policy_id"], side["checkpoint_version"] or ""
+    return pid if not ver or pid.endswith(f"@{ver}") else f"{pid}@{ver}"
 
 
 @dataclass

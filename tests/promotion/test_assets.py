@@ -102,7 +102,7 @@ def test_promotes_then_the_next_cycle_must_beat_the_new_champion(env):
     assert res.success
     m = _meta(res)
     assert (m["verdict"], m["state"], m["champion_now"]) == ("pass", "promoted", "embedded:rl@1"), m["report"]
-    assert "| beats_champion | hard | pass |" in m["report"] and m["champion_evaluated_against"] == "harness:sbfl@- (baseline)"
+    assert "| beats_champion | hard | pass |" in m["report"] and m["champion_evaluated_against"] == "harness:sbfl (baseline)"
     c, name = env["tracking"].client(), env["model"]
     v1 = R.find_version(c, "embedded:rl", "1", name)
     assert R.current_aliases(c, name) == {"champion": v1, "canary": None, "candidate": None}

@@ -106,3 +106,10 @@ def test_the_humaneval_suite_sets_the_limit():
 
     suite = build_suite(seed=0, limit=1, per_problem=1, cache=False)
     assert suite.tasks and all(t.limits.test_cpu_s == TEST_CPU_S for t in suite.tasks)
+
+
+def test_the_docker_runtime_enforces_the_same_per_test_limit(docker_runtime):
+    with docker_runtime.episode(bundle(LOOP)) as ep:
+        rep = ep.run_tests()
+        assert rep.infra_error is None and not rep.timed_out
+        assert rep.test_timeouts == (IDS[1],) and rep.outcomes[IDS[1]] == "failed"
