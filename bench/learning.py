@@ -122,14 +122,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reuse-data", action="store_true",
-                    help="keep --out and reuse its demonstrations (data.json) from an earlier run of the same size")
+                    help="keep --out and reuse its demonstrations (data-*.json) and SFT checkpoint from an earlier run "
+                         "of the same size (RL and every evaluation run again)")
     ap.add_argument("--out", default="/tmp/ratchet-learning")
     ap.add_argument("--k", type=int, default=4, help="attempt budget of the harnesses")
     ap.add_argument("--max-turns", type=int, default=14)
-    ap.add_argument("--temperature", type=float, default=0.5, help="embedded policies' eval sampling")
+    ap.add_argument("--temperature", type=float, default=1.0, help="embedded policies' eval sampling (RL samples at 1.0)")
     ap.add_argument("--rl-lr", type=float, default=2e-4)
     ap.add_argument("--rl-beta", type=float, default=0.04)
     ap.add_argument("--sft-lr", type=float, default=3e-3)
+    ap.add_argument("--unmasked-logprobs", action="store_true",
+                    help="GRPO on the unmasked distribution (the first measured run) instead of the grammar-masked one")
     for key in STRUCT_SIZE["default"]:
         ap.add_argument("--" + key.replace("_", "-"), type=type(STRUCT_SIZE["default"][key]), default=None)
     a = ap.parse_args(argv)
@@ -144,7 +147,9 @@ def main(argv=None) -> int:
     from ratchet.policy.embedded.corpus import task_texts
     from ratchet.policy.embedded.model import build_base_policy
     from ratchet.policy.embedded.decoding import write_decoding
-    from ratchet.training.recipe import RecipeSettings, train_candidate
+    from types import SimpleNamespace
+
+    from ratchet.training.recipe import RecipeSettings, plot_curve, rl_stage, sft_stage, structured_rows
     from sandboxes.agents import fit_prior
     from sandboxes.humaneval import build_suite
     from sandboxes.runtime import LocalRuntime
@@ -197,15 +202,31 @@ def main(argv=None) -> int:
         f"({cpu['data']:.0f} CPU s); RL curriculum: those {len(curriculum)} tasks")
 
     rs = RecipeSettings(sft_epochs=size["sft_epochs"], rl_steps=size["rl_steps"], rl_lr=a.rl_lr, rl_beta=a.rl_beta,
-                        sft_lr=a.sft_lr,
+                        sft_lr=a.sft_lr, masked_logprobs=not a.unmasked_logprobs,
                         rl_tasks_per_step=size["rl_tasks_per_step"], rl_group_size=size["rl_group_size"],
                         max_turns=a.max_turns)
 
     def on_step(r):
         say(f"  rl step {r['step']}: pass {r['pass_rate']} reward {r['reward'] and round(r['reward'], 3)} "
             f"kl {r['kl']:.4f} entropy {r['entropy']:.3f} flat {r.get('flat_groups')} cpu {r['cpu_s']:.0f}s")
-    res = train_candidate(base, data, out / "candidate", rs, bundles=curriculum, runtime=rt, on_step=on_step)
-    cpu["sft"], cpu["rl"] = res.cpu_s["sft"], res.cpu_s["rl"]
+    sft_meta = out / "candidate" / "sft" / "ratchet_checkpoint.json"
+    if a.reuse_data and sft_meta.exists():
+        # the SFT checkpoint of an earlier run with the same data and settings (--reuse-data): its
+        # measured CPU seconds come from its own record
+        meta = json.loads(sft_meta.read_text())
+        sft = SimpleNamespace(checkpoint=sft_meta.parent, cpu_s=meta["cpu_s"], losses=meta["losses"],
+                              steps=meta["steps"], n_examples=meta["n_examples"])
+        say(f"SFT reused from {sft.checkpoint} ({sft.cpu_s:.0f} CPU s when it was trained)")
+    else:
+        sft = sft_stage(base, data, out / "candidate" / "sft", rs)
+    shutil.rmtree(out / "candidate" / "rl", ignore_errors=True)
+    rl = rl_stage(sft.checkpoint, curriculum, out / "candidate" / "rl", rs, runtime=rt, on_step=on_step, resume=False) \
+        if rs.rl_steps > 0 else None
+    res = SimpleNamespace(sft=sft, rl=rl, n_structured=len(structured_rows(data)))
+    plot_curve([{"step": i + 1, "loss": v} for i, v in enumerate(sft.losses)], out / "sft_curve.png", "SFT", ("loss",))
+    if rl:
+        plot_curve(rl.history, out / "rl_curve.png", "GRPO", ("reward", "pass_rate", "kl", "entropy"))
+    cpu["sft"], cpu["rl"] = sft.cpu_s, rl.cpu_s if rl else 0.0
     say(f"SFT: {res.sft.steps} steps, loss {res.sft.losses[0]:.2f} -> {res.sft.losses[-1]:.2f}, "
         f"{res.sft.n_examples} examples ({res.n_structured} structured), {cpu['sft']:.0f} CPU s; "
         f"RL: {len(res.rl.history) if res.rl else 0} steps, {cpu['rl']:.0f} CPU s")
@@ -230,6 +251,7 @@ def main(argv=None) -> int:
         say(f"eval {name}: {results[name]} ({eval_cpu[name]:.0f} CPU s)")
 
     png = plot(results, cpu, out / "learning.png")
+    (out / "per_task.json").write_text(json.dumps(per_task, indent=1, sort_keys=True))
     print()
     print(f"{'policy':<12}{'success':>9}{'95% CI':>16}{'first try':>11}{'95% CI':>16}{'n':>5}")
     for k in ("untrained", "random", "sbfl", "prior", "sft", "rl"):
@@ -251,6 +273,7 @@ def main(argv=None) -> int:
         "train_cpu_min": round((cpu["sft"] + cpu["rl"]) / 60, 2), "settings": {**size, "rl_lr": a.rl_lr,
                                                                           "rl_beta": a.rl_beta, "sft_lr": a.sft_lr,
                                                                           "temperature": a.temperature,
+                                                                          "masked_logprobs": not a.unmasked_logprobs,
                                                                           "max_turns": a.max_turns, "k": a.k}, "sft_cpu_min": round(cpu["sft"] / 60, 2),
         "rl_cpu_min": round(cpu["rl"] / 60, 2), "base_policy_cpu_min": round(cpu["base_policy"] / 60, 2),
         "data_cpu_min": round(cpu["data"] / 60, 2), "eval_cpu_min": round(sum(eval_cpu.values()) / 60, 2),

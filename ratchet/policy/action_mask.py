@@ -113,14 +113,16 @@ def _object(props: dict, required: list[str]) -> dict:
 def narrow(messages: list[dict], tools: list[dict]) -> list[dict]:
     """This turn's schemas: the structured tools of `tools`, offered and narrowed by state:
     - localize (`{"top": 10}`) until one has answered;
-    - propose_edits once it listed lines: `path` among its files, `line` among its lines;
+    - propose_edits once it listed lines: `path` among its files, `line` among its lines except
+      those whose candidates are already listed for the file as it reads now (asking again shows
+      nothing new; measured: at temperature 0.5 an SFT start looped on it until the turn limit);
     - apply_edit for the candidate lists that still describe the file (listed on the clean file
       while it is clean again, or since the last apply): one `anyOf` branch per (path, line)
       with `index` in [0, its count);
     - run_tests after an apply that was not tested yet (the whole suite: `{}`);
     - submit after any apply, or when localize found nothing; `explanation` one of the short
       texts `sandboxes.agents.prior.short_explanation` builds, or the no-fix text.
-    At least one tool is always offered (localize, then propose_edits)."""
+    At least one tool is always offered (localize, then propose_edits or apply_edit)."""
     from sandboxes.agents.prior import NO_FIX, short_explanation
 
     st = episode_state(messages)
@@ -131,7 +133,10 @@ def narrow(messages: list[dict], tools: list[dict]) -> list[dict]:
             out.append(_with_params(t, _object({"top": {"type": "integer", "enum": [LOCALIZE_TOP]}}, ["top"])))
         elif name == "propose_edits" and st["ranked"]:
             files = sorted({f for f, _ in st["ranked"]})
-            lines = sorted({ln for _, ln in st["ranked"]})
+            shown = {ln for _, ln in st["valid"]}     # listed already, and the file still reads the same
+            lines = sorted({ln for _, ln in st["ranked"]} - shown)
+            if not lines:
+                continue
             out.append(_with_params(t, _object({"path": {"type": "string", "enum": files},
                                                 "line": {"type": "integer", "enum": lines}}, ["path", "line"])))
         elif name == "apply_edit" and st["valid"]:
