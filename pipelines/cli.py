@@ -86,7 +86,8 @@ def cmd_query(args) -> int:
 def cmd_demo(args) -> int:
     from pipelines.demo import run_demo
 
-    return run_demo(_home(args), quick=args.quick, tasks=args.tasks, eval_tasks=args.eval_tasks,
+    eval_tasks = 400 if args.full else args.eval_tasks
+    return run_demo(_home(args), quick=args.quick, tasks=args.tasks, eval_tasks=eval_tasks,
                     train=not args.no_train)
 
 
@@ -245,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tasks", type=int, help="how many tasks the reference agents run (default 120, quick 16)")
     s.add_argument("--eval-tasks", type=int, help="locked holdout tasks evaluated per policy x seed (default 20, "
                                                   "quick 4; 400 = the reference workload)")
+    s.add_argument("--full", action="store_true", help="the reference workload: every policy on 400 locked "
+                                                       "holdout tasks x 3 seeds (same as --eval-tasks 400)")
     s.add_argument("--no-train", action="store_true", help="skip the improvement cycle (training a candidate, "
                                                            "its evaluation and the promotion decision)")
     s.set_defaults(fn=cmd_demo)

@@ -137,11 +137,10 @@ def improvement_cycle(home, instance, defs, quick: bool, n: int) -> dict | None:
     _say(f"improvement cycle: a candidate for tenant {tenant} ({n_rows} consented training trajectories; "
          f"per tenant: {per_tenant}): base_policy -> SFT -> RL, "
          + (f"then the champion and the candidate on the same {n} holdout tasks x 3 seeds, then the promotion gates"
-            if not quick else "quick: a smoke-sized model, one RL step, 1 holdout task x 1 seed, then the gates"))
-    # quick: the smoke-sized candidate meets the champion on 1 task x 1 seed (an embedded episode
-    # is the slowest thing here); the gates then say the evaluation is incomplete: a decision too.
-    settings = CycleSettings(tenant=tenant, candidate="train", eval_task_limit=1 if quick else n,
-                             seeds=("0",) if quick else ("0", "1", "2"), lifecycle=False,
+            if not quick else "quick: a smoke-sized model, one RL step, 1 holdout task x 3 seeds, then the gates"))
+    # quick: the smoke-sized candidate meets the champion on 1 task x 3 seeds (an embedded episode
+    # is the slowest thing here)
+    settings = CycleSettings(tenant=tenant, candidate="train", eval_task_limit=1 if quick else n, lifecycle=False,
                              ops=QUICK_TRAIN if quick else TRAIN, policy_kwargs=QUICK_POLICY if quick else {})
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     out = run_cycle(instance, defs, settings=settings, when=today, log=_say)   # one demo candidate a day: a re-run resumes
@@ -157,6 +156,7 @@ def report(home, cycle: dict | None) -> None:
 
     wh = Warehouse(home.warehouse)
     print(scorecard_text(wh), file=sys.stderr)
+    print(economics_text(wh), file=sys.stderr)
     _say(f"scorecard stored at {home.root / 'scorecard.md'} (and in the scorecard asset's metadata and MLflow); "
          f"`ratchet scorecard` prints it again")
     if cycle is not None:
@@ -178,6 +178,24 @@ def report(home, cycle: dict | None) -> None:
     _say("open the MLflow UI:  ratchet mlflow   (checkpoints, learning curves, scorecards)")
     _say("query DuckDB:        ratchet query \"SELECT * FROM v_policy_scorecard\"   "
          "(also v_economics, v_slice_deltas, v_lineage, v_consent_exclusions)")
+
+
+def economics_text(wh) -> str:
+    """The economics table (`v_economics`, newest row per policy) as Markdown."""
+    from ratchet.markdown import md_table
+
+    rows = wh.store().read("SELECT * FROM v_economics QUALIFY row_number() OVER "
+                           "(PARTITION BY policy_id, checkpoint_version ORDER BY computed_at DESC) = 1")
+    if not rows:
+        return "economics: no rows yet (materialise `economics`)"
+    n = rows[0]["production_n"]
+    return "\nEconomics (rate card " + str(rows[0]["rate_card"]) + "; `ratchet query \"SELECT * FROM v_economics\"`)\n\n" + md_table(
+        ["policy", "accepted / episodes", "variable / accepted", "training", "sample-amortised",
+         f"at {n:,} runs", "break-even vs " + str(rows[0]["baseline_policy_id"])],
+        [(r["policy_id"] + (f"@{r['checkpoint_version']}" if r["checkpoint_version"] and not
+                            r["policy_id"].endswith(f"@{r['checkpoint_version']}") else ""),
+          f"{r['accepted_runs']} / {r['episodes']}", r["variable_per_accepted"], r["training_investment"],
+          r["sample_amortised"], r["production_amortised"], r["break_even"]) for r in rows])
 
 
 def _cycle_summary(cycle: dict | None) -> dict | None:

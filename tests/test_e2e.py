@@ -36,7 +36,7 @@ def test_demo_then_two_scheduled_cycles(home, capsys):
     out = capsys.readouterr()
     first = json.loads(out.out.strip().splitlines()[-1])
     assert set(DEMO_POLICIES) <= set(first["pass_rates"])                 # every demo policy evaluated...
-    assert all("/ 2 tasks" in d for d in first["pass_rates"].values())   # ...on the 2 holdout tasks asked for
+    assert all("/ 2 tasks" in first["pass_rates"][p] for p in DEMO_POLICIES)   # ...on the 2 holdout tasks asked for
     assert "| task success (majority of seeds, 95% CI) |" in out.err     # the scorecard is printed
     assert (home.root / "scorecard.md").exists()
     cycle = first["cycle"]
@@ -46,7 +46,7 @@ def test_demo_then_two_scheduled_cycles(home, capsys):
     assert "ratchet ui" in out.err and "ratchet mlflow" in out.err and "ratchet query" in out.err
     wh = Warehouse(home.warehouse)
     episodes = wh.store().count("eval_episodes")
-    assert episodes == len(DEMO_POLICIES) * 3 * 2 + 1           # + the quick candidate: 1 task x 1 seed
+    assert episodes == len(DEMO_POLICIES) * 3 * 2 + 3           # + the quick candidate: 1 task x 3 seeds
     assert first["demo"] == "ok" and first["contamination_passed"] is True
     assert first["tasks"] > 0 and set(first["splits"]) == {"train", "val", "holdout"}
     assert {"atif", "mini_swe_agent", "swe_agent", "swebench_prediction", "openai_chat"} <= set(first["by_format"])
@@ -79,15 +79,14 @@ def test_demo_then_two_scheduled_cycles(home, capsys):
 
         # 3. the next week's scheduled cycle trains a candidate and meets the NEW champion
         _write(home.root / "cycle.yaml", {"tenant": cycle["tenant"], "candidate": "train", "eval_task_limit": 1,
-                                          "seeds": ["0"], "ops": {**suite, **QUICK_TRAIN},
-                                          "policy_kwargs": QUICK_POLICY})
+                                          "ops": {**suite, **QUICK_TRAIN}, "policy_kwargs": QUICK_POLICY})
         c2 = run_cycle(instance, defs, when=datetime(2026, 11, 30, 3, 0, tzinfo=UTC))
         assert c2["ok"], c2["runs"]
         assert c2["runs"][0][0] == "improvement_job"
         p2 = c2["promotion"]
         assert p2["champion_evaluated_against"].startswith("scripted:expert"), p2   # not the first baseline
         assert p2["candidate"].startswith(f"embedded:ratchet-{cycle['tenant']}-cycle-20261130-0300@"), p2
-        assert p2["state"] != "waiting"
+        assert p2["state"] in ("rejected", "canary", "promoted"), p2
 
     with wh.connect() as con:
         decided = store.fetch(con, "SELECT DISTINCT promotion_id FROM promotions")
