@@ -105,25 +105,25 @@ def canary_rows(con, cand: Mapping, champ: Mapping, since: datetime, share: floa
     return out[0], out[1], used
 
 
+def _newest(con, table: str, cols: str, order: str) -> tuple[dict | None, str]:
+    """The newest row of an evidence table, or (None, why it is unknown)."""
+    if not has_table(con, table):
+        return None, f"table {table} does not exist"
+    r = fetch(con, f"SELECT {cols} FROM {table} ORDER BY {order} DESC NULLS LAST LIMIT 1")
+    return (r[0], "") if r else (None, f"{table} is empty")
+
+
 def judge_kappa(con) -> tuple[float | None, str]:
-    if not has_table(con, "judge_calibration"):
-        return None, "table judge_calibration does not exist"
-    r = fetch(con, "SELECT kappa, judge_id, items, computed_at FROM judge_calibration "
-                   "ORDER BY computed_at DESC NULLS LAST LIMIT 1")
-    if not r:
-        return None, "judge_calibration is empty"
-    r = r[0]
+    r, why = _newest(con, "judge_calibration", "kappa, judge_id, items, computed_at", "computed_at")
+    if r is None:
+        return None, why
     return r["kappa"], f"judge_calibration {r['judge_id']} over {r['items']} items at {r['computed_at']}"
 
 
 def contamination_rate(con) -> tuple[float | None, str]:
-    if not has_table(con, "contamination_report"):
-        return None, "table contamination_report does not exist"
-    r = fetch(con, "SELECT overlap_fraction, n_items, checked_at, passed FROM contamination_report "
-                   "ORDER BY checked_at DESC NULLS LAST LIMIT 1")
-    if not r:
-        return None, "contamination_report is empty"
-    r = r[0]
+    r, why = _newest(con, "contamination_report", "overlap_fraction, n_items, checked_at, passed", "checked_at")
+    if r is None:
+        return None, why
     return r["overlap_fraction"], f"contamination_report over {r['n_items']} items at {r['checked_at']}"
 
 
