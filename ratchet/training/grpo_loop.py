@@ -121,7 +121,7 @@ def build_update(records, group_size: int, choice_only: bool = False) -> tuple[l
     (the sampler's, aligned with input_ids), `advantage`, `task_id`, `seed`. Infra failures get no
     advantage and are left out (counted); so are episodes without token ids (counted).
     `choice_only`: train only on tokens where the grammar left a choice (the policy decided
-    nothing at a forced token; under the action mask ~90% of sampled tokens are forced, and their
+    nothing at a forced token; under the action mask most sampled tokens are forced, and their
     gradients, the same in passing and failing episodes, carry no signal about a decision)."""
     from ratchet.policy.runner import training_sequence
     from ratchet.training.grpo import group_advantages
