@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=4, help="attempt budget of the harnesses")
     ap.add_argument("--max-turns", type=int, default=14)
     ap.add_argument("--temperature", type=float, default=1.0, help="embedded policies' eval sampling (RL samples at 1.0)")
-    ap.add_argument("--rl-lr", type=float, default=2e-4)
+    ap.add_argument("--rl-lr", type=float, default=1e-3)
     ap.add_argument("--rl-beta", type=float, default=0.04)
     ap.add_argument("--sft-lr", type=float, default=3e-3)
     ap.add_argument("--unmasked-logprobs", action="store_true",
