@@ -17,7 +17,10 @@ Bodies read, call ratchet.training, write; the defaults are the demo's sizes, te
 import dagster as dg
 
 from assets import OWNERS
+from ratchet.training.recipe import RecipeSettings
 from resources import MlflowTracking, WarehouseResource
+
+_R = RecipeSettings()     # the asset configs' defaults are the recipe's (ratchet/training/recipe.py)
 
 CANDIDATES = dg.DynamicPartitionsDefinition(name="candidates")
 EXPERIMENT = "ratchet/training"
@@ -126,6 +129,9 @@ def base_policy(context: dg.AssetExecutionContext, config: BasePolicyConfig,
     path = resolve_base_policy(config.spec, _dir(warehouse, "base"),
                                lambda: task_texts(_train_tasks(warehouse, config.task_limit), TOOL_SCHEMAS),
                                config=emb, seed=config.seed)
+    if config.spec == "embedded":     # the untrained baseline decodes under the mask candidates train with
+        from ratchet.policy.embedded.decoding import write_decoding
+        write_decoding(path, action_mask="structured", bounds=_R.grpo().bounds())
     _set_pointer(warehouse, {"path": str(path)}, "base")
     man = base_manifest(path) or {}
     return dg.MaterializeResult(metadata={
@@ -135,13 +141,14 @@ def base_policy(context: dg.AssetExecutionContext, config: BasePolicyConfig,
 
 
 class SFTConfig(dg.Config):
-    epochs: float = 6.0                   # docs/training.md run 4 (calls only, 1 thread)
-    max_steps: int = -1
-    learning_rate: float = 5e-3
-    batch_size: int = 2
-    max_length: int = 4096
-    thoughts: bool = False
-    threads: int = 1
+    epochs: float = _R.sft_epochs
+    max_steps: int = _R.sft_max_steps     # > 0 overrides epochs
+    learning_rate: float = _R.sft_lr
+    batch_size: int = _R.sft_batch
+    max_length: int = _R.sft_max_length
+    min_structured: int = _R.min_structured   # fewer structured-tool rows: train on all rows
+    threads: int = _R.threads
+    seed: int = _R.seed
 
 
 @dg.asset(partitions_def=CANDIDATES, group_name="training", owners=OWNERS["training"], pool="training",
@@ -153,7 +160,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
     from ratchet.home import get_home
     from ratchet.training.data import tenant_training_rows
     from ratchet.training.lineage import environment_digest, inherited_manifest, trajectory_environments
-    from ratchet.training.sft import SFTSettings, train_sft
+    from ratchet.training.recipe import sft_stage
 
     cand, home = context.partition_key, get_home(warehouse.home)
     tenant = tenant_of(cand)
@@ -163,13 +170,13 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
     if not rows:
         raise ValueError(f"tenant {tenant!r} has no consented train-split trajectories in training_set")
     out_dir = _dir(warehouse, cand, f"sft-{context.run_id[:8]}")
-    settings = SFTSettings(epochs=config.epochs, max_steps=config.max_steps, learning_rate=config.learning_rate,
-                           batch_size=config.batch_size, max_length=config.max_length, thoughts=config.thoughts,
-                           threads=config.threads)
+    settings = RecipeSettings(sft_epochs=config.epochs, sft_max_steps=config.max_steps, sft_lr=config.learning_rate,
+                              sft_batch=config.batch_size, sft_max_length=config.max_length,
+                              min_structured=config.min_structured, threads=config.threads, seed=config.seed)
     with tracking.run(EXPERIMENT, f"sft {cand}", tags={"ratchet.stage": "sft"}, dagster_run_id=context.run_id,
                     partition=cand) as run:
-        run.log_params({"base": base, **settings.__dict__})
-        res = train_sft(base, rows, out_dir, settings)
+        run.log_params({"base": base, **settings.sft().__dict__})
+        res = sft_stage(base, rows, out_dir, settings)
         with warehouse.store().connect() as con:
             env = environment_digest(trajectory_environments(con, res.manifest["record_ids"]))
         out = _register(warehouse, context, run, "sft", out_dir, parent=base,
@@ -177,6 +184,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
                         history=[{"step": i + 1, "loss": v} for i, v in enumerate(res.losses)])
     return dg.MaterializeResult(metadata=_metadata(
         home, out, run, out_dir, steps=res.steps, cpu_s=res.cpu_s, wall_s=res.wall_s, trajectories=res.n_examples,
+        structured_trajectories=res.n_structured,
         loss_first=res.losses[0] if res.losses else None, loss_last=res.losses[-1] if res.losses else None,
         loss_tokens=res.n_loss_tokens))
 
@@ -230,19 +238,16 @@ def dpo_checkpoint(context: dg.AssetExecutionContext, config: DPOConfig, warehou
 
 
 class RLConfig(dg.Config):
-    steps: int = 10
-    tasks_per_step: int = 4
-    group_size: int = 4
-    learning_rate: float = 1e-4
-    beta: float = 0.04
-    temperature: float = 1.0
-    max_tokens: int = 128
-    max_turns: int = 12
-    checkpoint_every: int = 5
-    concurrency: int = 16
-    max_string: int = 32
+    steps: int = _R.rl_steps
+    tasks_per_step: int = _R.rl_tasks_per_step
+    group_size: int = _R.rl_group_size
+    learning_rate: float = _R.rl_lr
+    beta: float = _R.rl_beta
+    temperature: float = _R.rl_temperature
+    max_tokens: int = _R.max_tokens
+    max_turns: int = _R.max_turns
     task_limit: int | None = None      # first N train tasks (tests, quick runs)
-    seed: int = 0
+    seed: int = _R.seed
 
 
 @dg.asset(partitions_def=CANDIDATES, group_name="training", owners=OWNERS["training"], pool="training",
@@ -255,25 +260,30 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
     import json
 
     from ratchet.home import get_home
-    from ratchet.training.grpo_loop import GRPOSettings, train_grpo
+    from ratchet.training.data import tenant_training_rows
     from ratchet.training.lineage import environment_digest, inherited_manifest
+    from ratchet.training.recipe import curriculum, rl_stage
     from sandboxes.bundle import TaskBundle
     from sandboxes.runtime import LocalRuntime
 
     cand, home = context.partition_key, get_home(warehouse.home)
-    tenant_of(cand)                   # a malformed candidate key fails before any work
+    tenant = tenant_of(cand)          # a malformed candidate key fails before any work
     sft = _pointer(warehouse, cand, "sft")
     tasks = _train_tasks(warehouse, config.task_limit)
     bundles = [TaskBundle.from_dict(json.loads(t["bundle"]) if isinstance(t["bundle"], str) else t["bundle"])
                for t in tasks]
-    settings = GRPOSettings(**{k: getattr(config, k) for k in (
-        "steps", "tasks_per_step", "group_size", "learning_rate", "beta", "temperature", "max_tokens", "max_turns",
-        "checkpoint_every", "concurrency", "max_string", "seed")})
+    with warehouse.store().connect() as con:
+        rows = tenant_training_rows(con, tenant)
+    bundles = curriculum(bundles, rows)   # train tasks the tenant's agents solved: GRPO groups hold passes
+    settings = RecipeSettings(rl_steps=config.steps, rl_tasks_per_step=config.tasks_per_step,
+                              rl_group_size=config.group_size, rl_lr=config.learning_rate, rl_beta=config.beta,
+                              rl_temperature=config.temperature, max_tokens=config.max_tokens,
+                              max_turns=config.max_turns, seed=config.seed)
     out_dir = _dir(warehouse, cand, f"rl-from-{sft['version']}")     # a re-run resumes here
     with tracking.run(EXPERIMENT, f"rl {cand}", tags={"ratchet.stage": "rl"}, dagster_run_id=context.run_id,
                     partition=cand) as run:
-        run.log_params({"start": sft["checkpoint_id"], **settings.__dict__})
-        res = train_grpo(sft["path"], bundles, out_dir, settings, runtime=LocalRuntime(),
+        run.log_params({"start": sft["checkpoint_id"], **settings.grpo().__dict__})
+        res = rl_stage(sft["path"], bundles, out_dir, settings, runtime=LocalRuntime(),
                          on_step=lambda r: context.log.info(
                              f"step {r['step']}: reward {r['reward']} pass {r['pass_rate']} loss {r['loss']:.4f} "
                              f"kl {r['kl']:.4f} infra {r['infra_failures']} ({r['step_s']} s)"))

