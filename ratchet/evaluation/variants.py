@@ -72,9 +72,9 @@ def variant(policy_id: str) -> Variant | None:
 # --------------------------------------------------------------------------- the agent program
 def run_variant(env, rng, *, spec: Variant, k: int | None = None) -> object:
     """The SBFL-guided baseline (`sandboxes.agents.baselines.run_sbfl`) with `spec`'s changes."""
-    from sandboxes.agents.base import Editor, Session, function_lines, issue_function
-    from sandboxes.agents.baselines import _attempt, _give_up
-    from sandboxes.observations import parse_candidates, parse_localize, parse_source
+    from sandboxes.agents.base import Session, function_lines, issue_function
+    from sandboxes.agents.baselines import _give_up, try_ranked
+    from sandboxes.observations import parse_localize, parse_source
 
     k = spec.k if k is None else k
     s = Session(env, spec.agent_id())
@@ -93,19 +93,7 @@ def run_variant(env, rng, *, spec: Variant, k: int | None = None) -> object:
     ranked = ranked[:spec.top]
     if spec.tools == "free_edit":
         return _free_edit(s, path, source, ranked, k)
-    editor = Editor(s, path, source)
-    for file, line, _ in ranked:
-        if s.attempts >= k or s.done:
-            break
-        if file != path:
-            continue
-        for index, desc in parse_candidates(s.call("propose_edits", {"path": path, "line": line},
-                                                   f"Quick fixes for line {line}?")):
-            if s.attempts >= k or s.done:
-                break
-            if _attempt(s, editor, line, index, desc, source):
-                return s.finish()
-    return _give_up(s)
+    return try_ranked(s, path, source, ranked, k)
 
 
 def _free_edit(s, path: str, source: str, ranked, k: int):

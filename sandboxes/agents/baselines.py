@@ -88,6 +88,12 @@ def run_sbfl(env, k: int = 4, top: int = 10) -> AgentRun:
         return _give_up(s)
     path = ranked[0][0]
     source = parse_source(s.call("read_file", {"path": path}, f"Reading {path}."))
+    return try_ranked(s, path, source, ranked, k)
+
+
+def try_ranked(s, path: str, source, ranked, k: int):
+    """SBFL's loop: each ranked line of `path` in order, each of its candidates, until a fix passes
+    or `k` attempts are spent (shared by the harness variants in ratchet.evaluation.variants)."""
     editor = Editor(s, path, source)
     for file, line, _ in ranked:
         if s.attempts >= k or s.done:

@@ -20,16 +20,6 @@ TINY_RL = {"tasks_per_step": 2, "group_size": 2, "max_tokens": 12, "max_turns": 
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory):
-    from sandboxes.runtime import LocalRuntime, SandboxUnavailable
-
-    try:
-        return LocalRuntime(tmp_path_factory.mktemp("rt"))
-    except SandboxUnavailable as e:
-        pytest.skip(f"sandbox unavailable: {e}")
-
-
-@pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     from sandboxes.humaneval import build_suite
 

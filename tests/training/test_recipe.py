@@ -8,16 +8,6 @@ import pytest
 pytestmark = pytest.mark.training
 
 
-@pytest.fixture(scope="module")
-def runtime(tmp_path_factory):
-    from sandboxes.runtime import LocalRuntime, SandboxUnavailable
-
-    try:
-        return LocalRuntime(tmp_path_factory.mktemp("rt"))
-    except SandboxUnavailable as e:
-        pytest.skip(f"sandbox unavailable: {e}")
-
-
 def test_choice_mask_leaves_out_forced_tokens():
     from ratchet.policy.runner import Turn, training_sequence
 
