@@ -35,3 +35,17 @@ def runtime(tmp_path_factory):
         return LocalRuntime(tmp_path_factory.mktemp("rt"))
     except SandboxUnavailable as e:
         pytest.skip(f"sandbox unavailable: {e}")
+
+
+@pytest.fixture(autouse=True)
+def _dagster_state_storage_reset():
+    """Dagster keeps the instance's defs-state storage in a context variable that a nested `with
+    instance:` (an in-process run inside `with DagsterInstance.get()`) can leave pointing at a
+    disposed instance; the next test's `materialize` then fails with "undefined DagsterInstance
+    weakref". Each test starts clean."""
+    yield
+    try:
+        from dagster._core.storage.defs_state.base import _current_storage
+    except ImportError:      # another Dagster layout: nothing to reset
+        return
+    _current_storage.set(None)

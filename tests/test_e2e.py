@@ -65,7 +65,7 @@ def test_demo_then_two_scheduled_cycles(home, capsys):
     # configuration widens the (soft) latency tolerance; every other gate stays at its default.
     _write(home.root / "promotion.yaml", {"baseline": "harness:random", "canary_skip": True,
                                           "gates": {"latency_tolerance": 10.0}})
-    _write(home.root / "cycle.yaml", {"candidate": "scripted:expert", "eval_task_limit": 2, "ops": suite})
+    _write(home.root / "cycle.yaml", {"candidate": "scripted:expert", "eval_task_limit": 6, "ops": suite})
     monday = datetime(2026, 11, 23, 3, 0, tzinfo=UTC)
     with dg.DagsterInstance.get() as instance:
         ctx = dg.build_schedule_context(instance=instance, scheduled_execution_time=monday)
@@ -78,7 +78,8 @@ def test_demo_then_two_scheduled_cycles(home, capsys):
         assert p1["state"] == "promoted", (p1["failing_gates"], p1["report"])
         assert p1["champion_evaluated_against"].startswith("harness:random") and "(baseline)" in p1["champion_evaluated_against"]
         assert p1["aliases"]["champion"]
-        assert wh.store().count("eval_episodes") == episodes       # both sides resumed from the demo's rows
+        # both sides resumed the demo's rows on its 2 tasks and ran the 4 more
+        assert wh.store().count("eval_episodes") == episodes + 2 * 4 * 3
 
         # 3. the next week's scheduled cycle trains a candidate and meets the NEW champion
         _write(home.root / "cycle.yaml", {"tenant": cycle["tenant"], "candidate": "train", "eval_task_limit": 1,

@@ -44,7 +44,8 @@ def _secs(x: float | None) -> str:
 
 
 def policy_label(r: Mapping) -> str:
-    return r["policy_id"] + (f" @{r['checkpoint_version']}" if r.get("checkpoint_version") else "")
+    ver = r.get("checkpoint_version")
+    return r["policy_id"] + (f" @{ver}" if ver and not r["policy_id"].endswith(f"@{ver}") else "")
 
 
 def scorecard_markdown(summary: Sequence[Mapping], economics: Sequence[Mapping] = (), *,

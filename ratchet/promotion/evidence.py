@@ -46,27 +46,36 @@ def latest_candidate(con, exclude: tuple[tuple[str, str], ...] = ()) -> tuple[st
 
 
 def eval_rows(con, policy_id: str, checkpoint_version: str, *, eval_run_id: str | None = None,
-              environment_digest: str | None = None, holdout_sha256: str | None = None) -> list[dict]:
-    """One row per eval_id of a policy x checkpoint: under the given digest and holdout, else under
-    those of its newest episode (an older evaluation under another environment is not mixed in).
-    A retried episode keeps its newest row."""
+              environment_digest: str | None = None, holdout_sha256: str | None = None,
+              task_digests: Mapping[str, str] | None = None) -> list[dict]:
+    """One row per eval_id of a policy x checkpoint under one holdout (the given one, else that of
+    its newest episode). Environment digests are per task: `environment_digest` keeps one digest,
+    `task_digests` (task -> digest, e.g. the candidate's) keeps each task's given digest, and by
+    default each task keeps the digest of its newest episode (an older evaluation of the task
+    under another environment is not mixed in). A retried episode keeps its newest row."""
     where, params = ["policy_id = ?", "coalesce(checkpoint_version, '') = ?"], [policy_id, checkpoint_version or ""]
     if eval_run_id:
         where.append("list_contains(string_split(?, ','), eval_run_id)")
         params.append(eval_run_id)
     base = " AND ".join(where)
-    if environment_digest is None or holdout_sha256 is None:
-        newest = con.execute(f"SELECT environment_digest, holdout_sha256 FROM eval_episodes WHERE {base} "
+    if holdout_sha256 is None:
+        newest = con.execute(f"SELECT holdout_sha256 FROM eval_episodes WHERE {base} "
                              f"ORDER BY finished_at DESC NULLS LAST LIMIT 1", params).fetchall()
         if not newest:
             return []
-        environment_digest = environment_digest if environment_digest is not None else newest[0][0]
-        holdout_sha256 = holdout_sha256 if holdout_sha256 is not None else newest[0][1]
-    return fetch(con, f"""
-        SELECT * FROM eval_episodes WHERE {base} AND environment_digest IS NOT DISTINCT FROM ?
-          AND holdout_sha256 IS NOT DISTINCT FROM ?
+        holdout_sha256 = newest[0][0]
+    rows = fetch(con, f"""
+        SELECT * FROM eval_episodes WHERE {base} AND holdout_sha256 IS NOT DISTINCT FROM ?
         QUALIFY row_number() OVER (PARTITION BY eval_id ORDER BY finished_at DESC NULLS LAST) = 1
-        ORDER BY task_id, seed""", params + [environment_digest, holdout_sha256])
+        ORDER BY task_id, seed""", params + [holdout_sha256])
+    if environment_digest is not None:
+        return [r for r in rows if r["environment_digest"] == environment_digest]
+    if task_digests is not None:
+        return [r for r in rows if task_digests.get(r["task_id"]) == r["environment_digest"]]
+    newest_digest: dict = {}
+    for r in sorted(rows, key=lambda r: (r["finished_at"] is not None, r["finished_at"] or 0)):
+        newest_digest[r["task_id"]] = r["environment_digest"]
+    return [r for r in rows if newest_digest[r["task_id"]] == r["environment_digest"]]
 
 
 def incomplete(candidate_rows: list[dict], champion_rows: list[dict], min_seeds: int) -> str | None:

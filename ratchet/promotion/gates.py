@@ -154,19 +154,39 @@ def _r(x: float | None, nd: int = 4):
 
 
 # ----------------------------------------------------------------------------- the gates
+def _task_digests(rows) -> dict[str, set]:
+    out: dict[str, set] = defaultdict(set)
+    for r in rows:
+        out[str(r["task_id"])].add(r.get("environment_digest"))
+    return out
+
+
 def gate_comparable(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) -> tuple[bool, str, dict]:
-    nums = {"candidate_digests": sorted(map(str, c.digests)), "champion_digests": sorted(map(str, k.digests)),
+    """Same environment and holdout. An environment digest is per task (a HumanEval task's
+    digest covers its own files), so each task must carry one digest on each side and the same
+    digest on both; comparing one digest per side would silently compare a single task."""
+    nums = {"candidate_digests": len(c.digests), "champion_digests": len(k.digests),
             "candidate_holdout": sorted(map(str, c.holdouts)), "champion_holdout": sorted(map(str, k.holdouts))}
-    for side, given, digests in (("candidate", ev.candidate_digest, c.digests), ("champion", ev.champion_digest, k.digests)):
-        if len(digests) != 1 or not next(iter(digests)):
-            return False, f"{side} rows carry {len(digests)} environment digests {nums[side + '_digests']}: need exactly one", nums
-        if given is not None and given != next(iter(digests)):
-            return False, f"{side} evidence digest {given} differs from its rows' {next(iter(digests))}", nums
-    if c.digests != k.digests:
-        return False, f"not comparable: environment digest {nums['candidate_digests'][0]} != champion's {nums['champion_digests'][0]}", nums
+    per = {}
+    for side, given, s in (("candidate", ev.candidate_digest, c), ("champion", ev.champion_digest, k)):
+        per[side] = _task_digests(s.rows)
+        bad = sorted(t for t, d in per[side].items() if len(d) != 1 or not next(iter(d)))
+        if bad or not per[side]:
+            d = per[side].get(bad[0], set()) if bad else set()
+            return False, (f"{side} rows carry {len(d)} environment digests {sorted(map(str, d))} for task "
+                           f"{bad[0] if bad else '-'}: need exactly one per task"), nums
+        if given is not None and s.digests != {given}:
+            return False, f"{side} evidence digest {given} differs from its rows' {sorted(map(str, s.digests))}", nums
+    common = sorted(c.tasks & k.tasks)
+    differ = [t for t in common if per["candidate"][t] != per["champion"][t]]
+    nums["tasks_compared"], nums["tasks_digest_differs"] = len(common), len(differ)
+    if differ:
+        t = differ[0]
+        return False, (f"not comparable: environment digest differs on {len(differ)} of {len(common)} tasks "
+                       f"(e.g. {t}: {next(iter(per['candidate'][t]))} != champion's {next(iter(per['champion'][t]))})"), nums
     if len(c.holdouts) != 1 or c.holdouts != k.holdouts or not next(iter(c.holdouts)):
         return False, f"not comparable: holdout {nums['candidate_holdout']} vs champion's {nums['champion_holdout']}", nums
-    return True, f"same environment digest and holdout ({str(next(iter(c.digests)))[:19]}...)", nums
+    return True, f"same environment digest on all {len(common)} common tasks, same holdout", nums
 
 
 def gate_evaluation_complete(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) -> tuple[bool, str, dict]:

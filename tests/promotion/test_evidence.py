@@ -90,3 +90,28 @@ def test_eval_rows_keep_one_environment(con):
     write_episodes(con, episodes(T, "harness:sbfl"))
     assert E.latest_candidate(con) == ("embedded:rl", "1")
     assert E.latest_candidate(con, exclude=(("embedded:rl", "1"),)) is None
+
+
+def test_per_task_environment_digests_compare_every_task(con):
+    """A HumanEval task's digest covers its own files, so every task has its own: the promotion
+    must compare all tasks (once it compared only the tasks sharing the newest row's digest)."""
+    from ratchet.evaluation.tables import write_episodes
+    from ratchet.promotion.flow import read_inputs
+    from ratchet.promotion.gates import GatePolicy, evaluate_gates
+
+    T = tasks(8)
+    per_task = lambda rows: [dict(r, environment_digest=f"sha256:{r['task_id']}") for r in rows]  # noqa: E731
+    cand = per_task(episodes(T, "embedded:rl", checkpoint_version="1", p_shift=0.3))
+    champ = per_task(episodes(T, "harness:sbfl"))
+    write_episodes(con, cand)
+    write_episodes(con, champ)
+    inp = read_inputs(con, baseline=("harness:sbfl", ""), now=NOW)
+    assert len(inp.candidate_rows) == len(inp.champion_rows) == 8 * 3
+    rep = evaluate_gates(inp.candidate_rows, inp.champion_rows, inp.evidence, GatePolicy(slice_columns=("slice",)))
+    assert rep.gate("comparable").passed and rep.gate("comparable").numbers["tasks_compared"] == 8
+    # one task re-evaluated for the champion under another environment: not comparable on that task
+    moved = [dict(r, environment_digest="sha256:new", finished_at=r["finished_at"] + timedelta(hours=1),
+                  eval_id=r["eval_id"] + "x") for r in champ if r["task_id"] == T[0]["task_id"]]
+    rep2 = evaluate_gates(cand, [r for r in champ if r["task_id"] != T[0]["task_id"]] + moved, inp.evidence,
+                          GatePolicy(slice_columns=("slice",)))
+    assert not rep2.gate("comparable").passed and "differs on 1 of 8 tasks" in rep2.gate("comparable").reason
