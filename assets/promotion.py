@@ -39,26 +39,20 @@ class PromotionConfig(dg.Config):
 def _policies(cfg: PromotionConfig, root):
     from pathlib import Path
 
-    from ratchet.promotion.config import DEFAULT_BASELINE, POLICY_FILE, CanaryPolicy, GatePolicy
+    from ratchet.promotion.config import DEFAULT_BASELINE, POLICY_FILE, CanaryPolicy, GatePolicy, policy_file
 
     path = Path(cfg.policy_path) if cfg.policy_path else root / POLICY_FILE
     if cfg.policy_path and not path.exists():
         raise dg.Failure(f"promotion policy file {path} does not exist")
-    data = _yaml(path)
+    try:
+        data = policy_file(path)
+    except ValueError as e:
+        raise dg.Failure(str(e)) from None
     baseline = cfg.baseline_policy_id or data.get("baseline") or DEFAULT_BASELINE
     skip = cfg.canary_skip if cfg.canary_skip is not None else bool(data.get("canary_skip", False))
     return (GatePolicy.from_dict({**(data.get("gates") or {}), **cfg.gates}),
             CanaryPolicy.from_dict({**(data.get("canary") or {}), **cfg.canary}), path if path.exists() else None,
             baseline, skip)
-
-
-def _yaml(path) -> dict:
-    import yaml
-
-    data = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
-    if not isinstance(data, dict):
-        raise dg.Failure(f"promotion policy file {path} must hold a mapping (gates:, canary:, baseline:, canary_skip:)")
-    return data
 
 
 @dg.asset(group_name="promotion", owners=OWNERS["promotion"], deps=["holdout_eval"], kinds={"duckdb", "mlflow"},

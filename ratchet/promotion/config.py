@@ -127,12 +127,13 @@ DEFAULT_BASELINE = "harness:sbfl"
 POLICY_FILE = "promotion.yaml"
 
 
-def promotion_file(root: str | Path) -> dict:
-    """RATCHET_HOME/promotion.yaml as a mapping ({} when absent): `gates:`, `canary:`,
-    `baseline:` (the champion while nothing has been promoted) and `canary_skip:`."""
+def policy_file(path: str | Path) -> dict:
+    """A promotion policy file (RATCHET_HOME/promotion.yaml by default) as a mapping ({} when
+    absent): `gates:`, `canary:`, `baseline:` (the champion while nothing has been promoted) and
+    `canary_skip:`."""
     import yaml
 
-    path = Path(root) / POLICY_FILE
+    path = Path(path)
     data = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
     if not isinstance(data, Mapping):
         raise ValueError(f"{path} must hold a mapping (gates:, canary:, baseline:, canary_skip:)")
@@ -142,4 +143,4 @@ def promotion_file(root: str | Path) -> dict:
 def baseline_policy_id(root: str | Path) -> str:
     """The champion while nothing has been promoted: promotion.yaml's `baseline`, else the
     SBFL-guided harness (the strongest no-weights baseline Ratchet ships)."""
-    return str(promotion_file(root).get("baseline") or DEFAULT_BASELINE)
+    return str(policy_file(Path(root) / POLICY_FILE).get("baseline") or DEFAULT_BASELINE)
