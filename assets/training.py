@@ -17,10 +17,12 @@ Bodies read, call ratchet.training, write; the defaults are the demo's sizes, te
 import dagster as dg
 
 from assets import OWNERS
+from ratchet.training.dpo import DPOSettings
 from ratchet.training.recipe import RecipeSettings
 from resources import MlflowTracking, WarehouseResource
 
-_R = RecipeSettings()     # the asset configs' defaults are the recipe's (ratchet/training/recipe.py)
+# The asset configs' defaults are the domain settings' (light modules: no torch at import).
+_R, _D = RecipeSettings(), DPOSettings()
 
 CANDIDATES = dg.DynamicPartitionsDefinition(name="candidates")
 EXPERIMENT = "ratchet/training"
@@ -190,14 +192,14 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
 
 
 class DPOConfig(dg.Config):
-    beta: float = 0.1
-    epochs: float = 1.0
-    max_steps: int = -1
-    learning_rate: float = 5e-4
-    batch_size: int = 2
-    max_length: int = 4096
-    max_pairs_per_task: int = 4
-    threads: int = 1
+    beta: float = _D.beta
+    epochs: float = _D.epochs
+    max_steps: int = _D.max_steps
+    learning_rate: float = _D.learning_rate
+    batch_size: int = _D.batch_size
+    max_length: int = _D.max_length
+    max_pairs_per_task: int = _D.max_pairs_per_task
+    threads: int = _D.threads
 
 
 @dg.asset(partitions_def=CANDIDATES, group_name="training", owners=OWNERS["training"], pool="training",
@@ -209,7 +211,7 @@ def dpo_checkpoint(context: dg.AssetExecutionContext, config: DPOConfig, warehou
                    tracking: MlflowTracking) -> dg.MaterializeResult:
     from ratchet.home import get_home
     from ratchet.training.data import tenant_training_rows
-    from ratchet.training.dpo import DPOSettings, preference_pairs, train_dpo
+    from ratchet.training.dpo import preference_pairs, train_dpo
     from ratchet.training.lineage import environment_digest, inherited_manifest, trajectory_environments
 
     cand, home = context.partition_key, get_home(warehouse.home)
