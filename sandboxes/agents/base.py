@@ -156,8 +156,14 @@ class Editor:
             return False
         lines = self.current.splitlines(keepends=True)
         old = lines[line - 1]
-        indent = old[:len(old) - len(old.lstrip())]
-        lines[line - 1] = indent + applied.text + ("\n" if old.endswith("\n") else "")
+        # The observation shows the edited line stripped; a candidate edits a token inside the
+        # line, so the file keeps the old line's indent, trailing whitespace and line ending. The
+        # view used to drop the trailing whitespace, and a later revert's window then missed the
+        # real file (seen on humaneval-088-927008739f: attempts stacked).
+        body = old.rstrip("\r\n")
+        indent, ending = body[:len(body) - len(body.lstrip())], old[len(body):]
+        trailing = body[len(body.rstrip()):] if body.strip() else ""
+        lines[line - 1] = indent + applied.text + trailing + ending
         self.current, self.changed_line = "".join(lines), line
         return True
 

@@ -101,3 +101,27 @@ def test_tool_names_have_one_source():
     assert DEFAULT_TOOLS == TOOL_NAMES == tuple(IMPLEMENTATIONS) == tuple(SCHEMAS_BY_NAME)
     assert all(IMPLEMENTATIONS[n].__name__ == n for n in TOOL_NAMES)
     assert TaskBundle(task_id="x").tool_allowlist == TOOL_NAMES
+
+
+@pytest.mark.parametrize("tail", ["", "   ", "\t", "  \r"])
+def test_editor_reverts_a_line_with_trailing_whitespace(runtime, tail):
+    """The applied observation shows the edited line stripped; the editor's view must keep what the
+    edit did not touch (indent, trailing whitespace, line ending) or its revert window misses the
+    real file and later attempts stack (seen on humaneval-088-927008739f)."""
+    from sandboxes.agents.base import Editor, Session
+    from sandboxes.bundle import TaskBundle
+
+    source = f"def f(x):\n    if x < 3:{tail}\n        return 1\n    return 0\n"
+    tests = "from solution import f\n\ndef test_f():\n    assert f(3) == 1\n"
+    b = TaskBundle(task_id="trailing", files={"solution.py": source, "tests/test_solution.py": tests},
+                   fail_to_pass=("tests/test_solution.py::test_f",))
+    env = RepairEnv(b, runtime=runtime)
+    try:
+        s = Session(env, "test")
+        ed = Editor(s, "solution.py", source)
+        assert ed.apply(2, 0)
+        assert ed.current == env.episode.read_file("solution.py") != source
+        assert ed.revert()
+        assert env.episode.read_file("solution.py") == source
+    finally:
+        env.close()
