@@ -88,6 +88,10 @@ def holdout_eval(context: dg.AssetExecutionContext, config: HoldoutEvalConfig,
         "candidate_policy_id": policy_id, "candidate_checkpoint_version": res["checkpoint_version"],
         "candidate_checkpoint_id": context.run.tags.get("ratchet/checkpoint_id", ""),
         "cycle": context.run.tags.get("ratchet/cycle", "")}
+    # A cycle's reference rows (its SFT checkpoint, the prompted baseline) fill the scorecard's
+    # columns; they are not candidates, so the promotion sensor skips events marked as such.
+    role = context.run.tags.get("ratchet/role")
+    cand.update({"role": role} if role else {})
     return dg.MaterializeResult(metadata={**cand,
         "policy_id": policy_id, "checkpoint_version": res["checkpoint_version"], "seed": seed,
         "episodes": res["episodes"], "passed": res["passed"], "infra_failures": res["infra"],

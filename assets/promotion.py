@@ -161,7 +161,10 @@ def promotion_request(storage_id: int, entry) -> dg.RunRequest:
 def _is_candidate(entry) -> bool:
     """A learned policy's evaluation, or any policy a cycle named as its candidate (a harness or
     prompt variant is a configuration change that may be promoted too). Baselines evaluated for
-    comparison (harness / scripted, not a cycle's candidate) request nothing."""
+    comparison (harness / scripted, not a cycle's candidate) and a cycle's reference rows (role
+    "reference": its SFT checkpoint, the prompted baseline) request nothing."""
+    if _meta(entry, "role") == "reference":
+        return False
     if _meta(entry, "candidate_policy_id"):
         return True
     return not (_meta(entry, "policy_id") or "").startswith(BASELINE_PREFIXES)

@@ -7,7 +7,9 @@ of the day.
         -> base_policy -> sft_checkpoint -> rl_checkpoint
     cycle_sensor, on that run's success: holdout_eval_job for the current champion x seeds
       (finished episodes are skipped, so a champion already evaluated under this environment costs
-      nothing); when those succeeded, for the candidate x seeds; after those, evaluation_report_job
+      nothing); when those succeeded, for the candidate x seeds; then the references x seeds (the
+      cycle's SFT checkpoint and the prompted baseline: the scorecard's columns, never promoted;
+      cycle.yaml `references`); after those, evaluation_report_job
     promotion_sensor (assets/promotion.py), on the candidate's holdout_eval events: promotion
 
 Every request carries a run key derived from the cycle, so repeated ticks launch nothing twice.
@@ -30,6 +32,7 @@ from .jobs import LIFECYCLE_SELECTION, lifecycle_job
 TRAIN_OPS = ("base_policy", "sft_checkpoint", "rl_checkpoint")
 CYCLE, STAGE, PHASE, EXPECT = "ratchet/cycle", "ratchet/stage", "ratchet/cycle_phase", "ratchet/cycle_evals"
 CANDIDATE, CHAMPION, CHECKPOINT = "ratchet/candidate", "ratchet/champion", "ratchet/checkpoint_id"
+ROLE = "ratchet/role"              # "reference": evaluated for the scorecard, never a promotion candidate
 RUN_KEY = "ratchet/run_key"        # in-process runs carry their request's run key (the daemon keeps its own)
 
 improvement_job = dg.define_asset_job(
@@ -96,14 +99,40 @@ def _champion(home) -> str:
     return baseline_policy_id(home.root)
 
 
-def _eval_runs(cycle: str, phase: str, pid: str, kw: dict, settings, tags: dict) -> list[dg.RunRequest]:
+def _trained(run: dg.DagsterRun) -> bool:
+    return run.tags.get("ratchet/candidate_source", "train") == "train"
+
+
+def _references(home, cycle: str, settings, trained: bool) -> list[tuple[str, dict]]:
+    """(policy id, engine kwargs) of a trained cycle's references: its SFT checkpoint and the
+    prompted baseline (the base_policy its candidate started from). A configuration-change
+    candidate trained nothing and has none."""
+    from ratchet.cycle import base_policy_id, checkpoint_dir, checkpoint_policy_id, read_pointer, register_policy
+
+    out = []
+    for ref in settings.references if trained else ():
+        parts = (cycle, "sft") if ref == "sft" else ("base",)
+        if not (checkpoint_dir(home.checkpoints, *parts) / "latest.json").exists():
+            continue
+        ptr = read_pointer(home.checkpoints, *parts)
+        pid = (checkpoint_policy_id(ptr["model_name"], ptr["version"]) if ref == "sft"
+               else base_policy_id(ptr["path"]))
+        kw = {**settings.policy_kwargs, "path": ptr["path"]}
+        register_policy(home.root, pid, kw)
+        out.append((pid, kw))
+    return out
+
+
+def _eval_runs(cycle: str, phase: str, pid: str, kw: dict, settings, tags: dict,
+               expect: int | None = None) -> list[dg.RunRequest]:
     cfg = {**settings.holdout_eval, "policy_kwargs_json": json.dumps(kw)}
     if settings.eval_task_limit:
         cfg["task_limit"] = settings.eval_task_limit
     return [dg.RunRequest(run_key=f"{cycle}-eval-{pid}-{s}", job_name=holdout_eval_job.name,
                           partition_key=dg.MultiPartitionKey({"policy": pid, "seed": s}),
                           run_config={"ops": {"holdout_eval": {"config": cfg}}},
-                          tags={**tags, PHASE: phase, EXPECT: str(len(settings.seeds))}) for s in settings.seeds]
+                          tags={**tags, PHASE: phase, EXPECT: str(expect or len(settings.seeds))})
+            for s in settings.seeds]
 
 
 def eval_requests(instance: dg.DagsterInstance, run: dg.DagsterRun, settings) -> list[dg.RunRequest]:
@@ -117,9 +146,9 @@ def eval_requests(instance: dg.DagsterInstance, run: dg.DagsterRun, settings) ->
     cycle = run.tags[CYCLE]
     cand, cand_kw, ckpt = _candidate(home, run, settings)
     champ = _champion(home)
-    register_policies(instance, [cand, champ])
+    register_policies(instance, [cand, champ] + [p for p, _ in _references(home, cycle, settings, _trained(run))])
     tags = {CYCLE: cycle, STAGE: "holdout_eval", CANDIDATE: cand, CHECKPOINT: ckpt, CHAMPION: champ,
-            "ratchet/trigger": "cycle_sensor"}
+            "ratchet/trigger": "cycle_sensor", "ratchet/candidate_source": run.tags.get("ratchet/candidate_source", "train")}
     if champ == cand:
         return _eval_runs(cycle, "candidate", cand, cand_kw, settings, tags)
     return _eval_runs(cycle, "champion", champ, policy_kwargs(home.root, champ), settings, tags)
@@ -134,17 +163,25 @@ def _phase_done(instance, run: dg.DagsterRun) -> bool:
 
 def after_eval(instance: dg.DagsterInstance, run: dg.DagsterRun, settings) -> list[dg.RunRequest]:
     """After a cycle's holdout_eval run: once the champion's phase is complete, the candidate's;
-    once the candidate's is complete, the reports."""
+    once the candidate's is complete, the references' (if any); then the reports."""
     from ratchet.cycle import policy_kwargs
     from ratchet.home import get_home
 
     if not _phase_done(instance, run):
         return []
     cycle, cand = run.tags[CYCLE], run.tags[CANDIDATE]
+    tags = {k: v for k, v in run.tags.items() if k.startswith("ratchet/") and k not in (PHASE, EXPECT)}
     if run.tags[PHASE] == "champion":
-        kw = policy_kwargs(get_home().root, cand)
-        return _eval_runs(cycle, "candidate", cand, kw, settings, {k: v for k, v in run.tags.items()
-                                                                   if k.startswith("ratchet/")})
+        return _eval_runs(cycle, "candidate", cand, policy_kwargs(get_home().root, cand), settings, tags)
+    if run.tags[PHASE] == "candidate":
+        # the references come after the candidate, so the promotion decision never waits for them;
+        # one that is the champion or the candidate already has its rows
+        refs = [(p, kw) for p, kw in _references(get_home(), cycle, settings, _trained(run))
+                if p not in (cand, run.tags.get(CHAMPION))]
+        if refs:
+            n = len(refs) * len(settings.seeds)
+            return [r for p, kw in refs for r in _eval_runs(cycle, "reference", p, kw, settings,
+                                                            {**tags, ROLE: "reference"}, expect=n)]
     from ratchet.cycle import registered_checkpoints
 
     # economics prices each learned policy's training from its checkpoint's measured compute

@@ -155,6 +155,9 @@ def report(home, cycle: dict | None) -> None:
 
     wh = Warehouse(home.warehouse)
     print(scorecard_text(wh), file=sys.stderr)
+    if cycle is not None:
+        _say("columns: " + "; ".join(f"{pid} = {what}" for pid, what in column_legend(home, cycle["candidate"]))
+             + "; harness:* / scripted:* = the no-weights baselines")
     print(economics_text(wh), file=sys.stderr)
     _say(f"scorecard stored at {home.root / 'scorecard.md'} (and in the scorecard asset's metadata and MLflow); "
          f"`ratchet scorecard` prints it again")
@@ -177,6 +180,23 @@ def report(home, cycle: dict | None) -> None:
     _say("open the MLflow UI:  ratchet mlflow   (checkpoints, learning curves, scorecards)")
     _say("query DuckDB:        ratchet query \"SELECT * FROM v_policy_scorecard\"   "
          "(also v_economics, v_slice_deltas, v_lineage, v_consent_exclusions)")
+
+
+def column_legend(home, cycle: str) -> list[tuple[str, str]]:
+    """(policy id, what it is) for the cycle's learned columns: SPEC's prompted baseline, SFT and
+    RL candidate (the scorecard names policies by id)."""
+    from ratchet.cycle import base_policy_id, checkpoint_policy_id, read_pointer
+
+    out = []
+    for parts, what in (((("base",)), "prompted baseline (base_policy, no weight change)"),
+                        ((cycle, "sft"), "SFT"), ((cycle, "rl"), "RL candidate")):
+        try:
+            ptr = read_pointer(home.checkpoints, *parts)
+        except FileNotFoundError:
+            continue
+        out.append((base_policy_id(ptr["path"]) if parts == ("base",)
+                    else checkpoint_policy_id(ptr["model_name"], ptr["version"]), what))
+    return out
 
 
 def economics_text(wh) -> str:

@@ -14,6 +14,9 @@ Settings come from `RATCHET_HOME/cycle.yaml` (every key optional), read at each 
     ops: {}                  # run config per op of improvement_job, e.g. {rl_checkpoint: {config: {steps: 4}}}
     holdout_eval: {}         # extra holdout_eval config (workers, judge, rate_card_path, ...)
     policy_kwargs: {}        # extra engine arguments for a trained candidate, e.g. {sampling: {max_tokens: 64}}
+    references: [sft, base]  # also evaluated after the candidate, for the scorecard's columns (never
+                             #   promoted): the cycle's SFT checkpoint and the prompted baseline
+                             #   (base_policy, no weight change); [] skips them
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from typing import Any
 DEFAULT_CRON = "0 3 * * 1"
 CYCLE_FILE = "cycle.yaml"
 REGISTRY_FILE = "policies.json"
+REFERENCES = ("sft", "base")
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class CycleSettings:
     ops: dict = field(default_factory=dict)
     holdout_eval: dict = field(default_factory=dict)
     policy_kwargs: dict = field(default_factory=dict)
+    references: tuple[str, ...] = REFERENCES
 
     def __post_init__(self):
         if len(self.cron.split()) != 5:
@@ -51,6 +56,9 @@ class CycleSettings:
             raise ValueError(f"candidate {self.candidate!r} is neither 'train' nor a policy id '<engine>:<name>'")
         if not self.seeds or any(s not in ("0", "1", "2") for s in self.seeds):
             raise ValueError(f"seeds {self.seeds!r} must be a non-empty subset of the holdout seeds 0, 1, 2")
+        if any(r not in REFERENCES for r in self.references) or len(set(self.references)) != len(self.references):
+            raise ValueError(f"references {list(self.references)!r} must be distinct items of {list(REFERENCES)} "
+                             "(the cycle's SFT checkpoint, the prompted baseline), or [] for none")
         if self.eval_task_limit is not None and self.eval_task_limit < 1:
             raise ValueError(f"eval_task_limit {self.eval_task_limit} must be >= 1 (or null for the whole holdout)")
 
@@ -66,6 +74,8 @@ class CycleSettings:
             raise ValueError(f"unknown cycle setting(s) {unknown}; known: {[f.name for f in fields(cls)]}")
         if "seeds" in d:
             d["seeds"] = tuple(str(s) for s in d["seeds"])
+        if "references" in d:
+            d["references"] = tuple(str(r) for r in d["references"] or ())
         return cls(**d)
 
     @classmethod
@@ -92,6 +102,14 @@ def checkpoint_policy_id(model_name: str, version: str | int) -> str:
     """How a trained checkpoint is evaluated: "embedded:<registered model>@<version>" (the promotion
     layer maps it back to the `checkpoints` row "<registered model>/<version>")."""
     return f"embedded:{model_name}@{version}"
+
+
+def base_policy_id(path: str | os.PathLike) -> str:
+    """How the prompted baseline (base_policy, no weight change) is evaluated:
+    "embedded:base_policy@<content key>" from its folder `base-<content key>` (a new corpus or
+    config is a new key, so rows of different bases never mix)."""
+    name = Path(path).name
+    return f"embedded:base_policy@{name.removeprefix('base-')[:12] or name}"
 
 
 def checkpoint_dir(checkpoints: str | os.PathLike, *parts: str) -> Path:

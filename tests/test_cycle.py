@@ -76,3 +76,50 @@ def test_a_cycle_candidate_maps_to_its_checkpoint_row():
     pid = checkpoint_policy_id("ratchet-acme-cycle-20261123-0300", 2)
     assert pid == "embedded:ratchet-acme-cycle-20261123-0300@2"
     assert "ratchet-acme-cycle-20261123-0300/2" in checkpoint_ids(pid, "2")
+
+
+def test_a_trained_cycle_evaluates_its_references_after_the_candidate(home):
+    """champion -> candidate -> references (the cycle's SFT checkpoint and the prompted baseline,
+    tagged as references so no promotion is requested for them) -> reports; a configuration-change
+    candidate has no references."""
+    import dagster as dg
+
+    from pipelines.cycle import followups
+    from ratchet.cycle import CycleSettings, policy_kwargs, write_pointer
+
+    cycle, cand = "acme:cycle-20261123-0300", "embedded:ratchet-acme-c@2"
+    base_dir, sft_dir = home.checkpoints / "base-0123456789abcdef", home.checkpoints / "sft-dir"
+    write_pointer(home.checkpoints, {"path": str(base_dir)}, "base")
+    write_pointer(home.checkpoints, {"path": str(sft_dir), "model_name": "ratchet-acme-c", "version": "1",
+                                     "checkpoint_id": "ratchet-acme-c/1"}, cycle, "sft")
+    settings = CycleSettings(seeds=("0", "1"))
+    job = dg.JobDefinition(graph_def=dg.GraphDefinition(name="holdout_eval_job"))
+
+    def done(phase: str, source: str = "train", n: int = 2, **extra):
+        tags = {"ratchet/cycle": cycle, "ratchet/stage": "holdout_eval", "ratchet/cycle_phase": phase,
+                "ratchet/cycle_evals": str(n), "ratchet/candidate": cand, "ratchet/champion": "harness:sbfl",
+                "ratchet/candidate_source": source, **extra}
+        return instance.create_run_for_job(job, tags=tags, status=dg.DagsterRunStatus.SUCCESS)
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        done("candidate")
+        assert followups(instance, done("candidate"), settings)[0].tags["ratchet/cycle_phase"] == "reference"
+        refs = followups(instance, done("candidate"), settings)
+        pids = sorted({r.partition_key.keys_by_dimension["policy"] for r in refs})
+        assert pids == ["embedded:base_policy@0123456789ab", "embedded:ratchet-acme-c@1"]
+        assert len(refs) == 4 and {r.tags["ratchet/role"] for r in refs} == {"reference"}
+        assert {r.tags["ratchet/cycle_evals"] for r in refs} == {"4"}          # 2 references x 2 seeds
+        assert policy_kwargs(home.root, "embedded:ratchet-acme-c@1")["path"] == str(sft_dir)
+        last = None
+        for _ in range(3):
+            last = done("reference", n=4, **{"ratchet/role": "reference"})
+            assert followups(instance, last, settings) == []                    # the phase is not complete
+        report = followups(instance, done("reference", n=4, **{"ratchet/role": "reference"}), settings)
+        assert [r.job_name for r in report] == ["evaluation_report_job"]
+        # no references configured, or a configuration-change candidate: straight to the reports
+        assert [r.job_name for r in followups(instance, done("candidate"), CycleSettings(references=[]))] == [
+            "evaluation_report_job"]
+        assert [r.job_name for r in followups(instance, done("candidate", "harness:sbfl-top3"), settings)] == [
+            "evaluation_report_job"]
+    with pytest.raises(ValueError, match="references"):
+        CycleSettings.from_dict({"references": ["rl"]})

@@ -44,9 +44,13 @@ def test_demo_then_two_scheduled_cycles(home, capsys):
     assert cycle["policy"].startswith(f"embedded:ratchet-{cycle['tenant']}-cycle-")
     assert "promotion decision for embedded:" in out.err and "sft checkpoint" in out.err and "rl checkpoint" in out.err
     assert "ratchet ui" in out.err and "ratchet mlflow" in out.err and "ratchet query" in out.err
+    # SPEC's columns: the prompted baseline and the SFT checkpoint are evaluated beside the candidate
+    assert "= prompted baseline (base_policy, no weight change)" in out.err and "= SFT;" in out.err
+    assert any(p.startswith("embedded:base_policy@") for p in first["pass_rates"]), first["pass_rates"]
     wh = Warehouse(home.warehouse)
     episodes = wh.store().count("eval_episodes")
-    assert episodes == len(DEMO_POLICIES) * 3 * 2 + 3           # + the quick candidate: 1 task x 3 seeds
+    # + the quick candidate and its two references (SFT, prompted baseline): 1 task x 3 seeds each
+    assert episodes == len(DEMO_POLICIES) * 3 * 2 + 3 * 3
     assert first["demo"] == "ok" and first["contamination_passed"] is True
     assert first["tasks"] > 0 and set(first["splits"]) == {"train", "val", "holdout"}
     assert {"atif", "mini_swe_agent", "swe_agent", "swebench_prediction", "openai_chat"} <= set(first["by_format"])

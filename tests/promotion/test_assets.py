@@ -173,6 +173,8 @@ def test_sensor_requests_once_per_materialisation(tmp_path):
                                       "eval_run_id": "one-seed-run", "seed": 0}))
         instance.report_runless_asset_event(dg.AssetMaterialization(
             "holdout_eval", metadata={"policy_id": "harness:sbfl", "checkpoint_version": ""}))   # a baseline
+        instance.report_runless_asset_event(dg.AssetMaterialization(     # a cycle's SFT reference row
+            "holdout_eval", metadata={"policy_id": "embedded:sft@3", "checkpoint_version": "3", "role": "reference"}))
         instance.report_runless_asset_event(dg.AssetMaterialization("holdout_eval"))
         first = promotion_sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
         a, b = first.run_requests
@@ -181,7 +183,7 @@ def test_sensor_requests_once_per_materialisation(tmp_path):
         assert b.run_config["ops"]["promotion"]["config"] == {}      # the asset picks the newest candidate
         assert a.run_key != b.run_key and a.tags["ratchet/candidate"] == "embedded:rl@4"
         again = promotion_sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=first.cursor))
-        assert not again.run_requests                                  # the cursor moved past all three events
+        assert not again.run_requests                                  # the cursor moved past all four events
         repeat = promotion_sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
         assert [r.run_key for r in repeat.run_requests] == [a.run_key, b.run_key]  # same keys: no second run
         assert first.cursor.isdigit()
