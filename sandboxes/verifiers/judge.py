@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -107,6 +108,7 @@ OPERATOR_PHRASES = {
 _QUOTED = re.compile(r"`([^`\n]+)`|'([^'\n]+)'|\"([^\"\n]+)\"")
 _LINES = re.compile(r"\b(?:lines?|l\.?)\s*(\d+)(?:\s*(-|to|and|,)\s*(\d+))?|\.py:(\d+)", re.I)
 MAX_LINES, MAX_QUOTED = 2, 8          # more than this is a shotgun answer, not a diagnosis
+MAX_CHARS = 4000                      # rubric-v3: a longer explanation is a shotgun answer (and unparsed)
 
 
 def quoted_snippets(text: str) -> list[str]:
@@ -133,14 +135,16 @@ def fix_tokens(rc: dict) -> set[str]:
     return toks or ({"not"} if rc.get("family") == "negation" else set())
 
 
-class RubricJudge:
-    """The embedded rubric judge (rubric-v2). Root cause (half the score): names the function (a
+class RubricJudgeV2:
+    """The second rubric judge (rubric-v2, kept to measure against). Root cause (half the score): names the function (a
     whole word), locates the fault (the line number, at most MAX_LINES lines named, or the faulty
     line's code quoted) and names the cause (the wrong token or its fix quoted, at most MAX_QUOTED
     quoted snippets, or a precise phrase for the operator: "off-by-one", "swapped arguments").
     `criteria["root_cause_identified"]` is the binary verdict calibrated against gold labels.
     Maintainability (the other half): minimal patch, no debug debris, no swallowed errors, no
-    hard-coded test values. Deterministic; never the acceptance test (R_tests is)."""
+    hard-coded test values. Measured against hand labels it missed natural explanations that
+    quote an expression (`return False` should be `return True`) rather than the bare token, and
+    a bare token is cheap to hit by quoting every token of the line (docs/evaluation.md)."""
 
     name = "rubric-v2"
 
@@ -158,6 +162,176 @@ class RubricJudge:
         distinct = set(quoted)
         c["cause"] = (bool(tokens & distinct) and len(distinct) <= MAX_QUOTED) or any(
             p in text.lower() for p in OPERATOR_PHRASES.get(rc.get("operator", ""), ()))
+        c["root_cause_identified"] = bool(c["function"] and c["location"] and c["cause"])
+        maint, m = _maintainability(bundle, diff, blast_score)
+        root = (c["function"] + c["location"] + c["cause"]) / 3
+        return _result(root, maint, {**c, **m})
+
+
+# ------------------------------------------------------------ rubric-v3: claims about the fix
+# The explanation's evidence (each quoted snippet, each pair of adjacent snippets, each operator
+# phrase) is checked against the space of single-token fixes of the buggy file (the suite's own
+# operator table), so hedging between candidate fixes is caught as well as a missing cause.
+_BACKTICKS = re.compile(r"`([^`\n]+)`")
+_PLAIN_QUOTES = re.compile(r"(?<!\w)'([^'\n]+)'(?!\w)|(?<!\w)\"([^\"\n]+)\"(?!\w)")
+_LINE_REFS = re.compile(r"\blines?\b\s*(\d+(?:(?:\s*(?:,|\band\b|\bor\b|&))+\s*\d+|\s*(?:-|–|\bto\b)\s*\d+)*)"
+                        r"|\.py:(\d+)", re.I)
+_NOT = r"[`'\"]not[`'\"]"
+V3_PHRASES = (  # (wording, the operators it names); "boundary" = `<`/`<=` or `>`/`>=` swapped
+    (r"\boff[- ]by[- ]one\b", {"constant_plus_one", "constant_minus_one", "boundary"}),
+    (r"\bswapped arguments?\b|\barguments? (?:are |were )?swapped\b|\bargument order\b", {"argument_swap"}),
+    (r"\b(?:spurious|extra|redundant) negation\b|\bshould not be negated\b"
+     rf"|\b(?:drop|remove|delete|spurious|extra|redundant)\s+(?:the\s+|an?\s+)?{_NOT}", {"negation_add"}),
+    (r"\bmissing negation\b|\bnegation (?:was|is) dropped\b|\bshould be negated\b"
+     rf"|\b(?:missing|add|insert)\s+(?:the\s+|an?\s+)?{_NOT}", {"negation_drop"}),
+)
+
+
+def squash(code: str) -> str:
+    """Code compared without whitespace (`a<=b` and `a <= b` are the same claim)."""
+    return re.sub(r"\s+", "", code)
+
+
+def v3_quotes(text: str) -> list[str]:
+    """Quoted snippets in order: backtick spans, then single/double quotes outside them whose
+    quote marks are not glued to a word (so "it's" and "tests'" are not quotes)."""
+    found = [(m.start(), m.group(1)) for m in _BACKTICKS.finditer(text)]
+    masked = _BACKTICKS.sub(lambda m: "\n" * len(m.group(0)), text)
+    found += [(m.start(), m.group(1) or m.group(2)) for m in _PLAIN_QUOTES.finditer(masked)]
+    return [q for _, q in sorted(found) if squash(q)]
+
+
+def v3_lines(text: str) -> set[int]:
+    """Line numbers named: "line 7", "lines 3-5, 9 and 12" (a range names every line in it),
+    "solution.py:7"."""
+    out: set[int] = set()
+    for m in _LINE_REFS.finditer(text):
+        if m.group(2):
+            out.add(int(m.group(2)))
+            continue
+        prev, span = None, False
+        for tok in re.findall(r"\d+|-|–|\bto\b", m.group(1), re.I):
+            if not tok.isdigit():
+                span = True
+                continue
+            n = int(tok)
+            out.update(range(prev, min(n, prev + 50) + 1) if span and prev is not None and n >= prev else (n,))
+            prev, span = n, False
+    return out
+
+
+def _squashed_edit(lines: list[str], n: int, col: int, end: int, new: str) -> tuple:
+    """(line, squashed line before, span start, span end, squashed new text, squashed line after)."""
+    before = squash(lines[n - 1])
+    a, b, s = len(squash(lines[n - 1][:col])), len(squash(lines[n - 1][:end])), squash(new)
+    return n, before, a, b, s, before[:a] + s + before[b:]
+
+
+@lru_cache(maxsize=1024)
+def fix_space(source: str, line: int, col: int, end: int, original: str, mutated: str):
+    """(squashed buggy lines, the recorded fix, every other single-token edit of the file), or
+    None when the recorded root cause does not match the source."""
+    from sandboxes.humaneval.operators import all_edits
+
+    lines = source.splitlines()
+    if not 1 <= line <= len(lines) or lines[line - 1][col:end] != mutated:
+        return None
+    true = _squashed_edit(lines, line, col, end, original)
+    try:
+        edits = all_edits(source)
+    except SyntaxError:
+        edits = []
+    others = [e for e in (_squashed_edit(lines, x.line, x.col, x.end_col, x.new) for x in edits)
+              if (e[0], e[5]) != (true[0], true[5])]
+    return tuple(squash(x) for x in lines), true, tuple(others)
+
+
+def _around(p: str, q: str, e: tuple) -> bool:
+    """p is a stretch of the buggy line covering e's span and q is that stretch after e."""
+    _, before, a, b, new, _ = e
+    i = before.find(p)
+    while i != -1:
+        if i <= a and i + len(p) >= b and p[:a - i] + new + p[b - i:] == q:
+            return True
+        i = before.find(p, i + 1)
+    return False
+
+
+def operator_names(rc: dict) -> set[str]:
+    names = {rc.get("operator", "")}
+    if {(rc.get("original") or "").strip(), (rc.get("mutated") or "").strip()} in ({"<", "<="}, {">", ">="}):
+        names.add("boundary")
+    return names
+
+
+def truth_space(bundle, rc: dict):
+    """fix_space of the task's buggy file, or None (no recorded root cause, or it does not match)."""
+    src = (bundle.files or {}).get(rc.get("file") or "solution.py")
+    if not src or not rc.get("line") or rc.get("col") is None or rc.get("end_col") is None:
+        return None
+    return fix_space(src, rc["line"], rc["col"], rc["end_col"], rc.get("original") or "", rc.get("mutated") or "")
+
+
+def fix_claims(space, rc: dict, text: str, quotes: list[str]) -> tuple[bool, bool]:
+    """(right, wrong): some evidence supports the recorded fix; some supports only other edits."""
+    right = wrong = False
+    if space is not None:
+        buggy, true, others = space
+        snips = list(dict.fromkeys(squash(q) for q in quotes))
+        fresh = {q for q in snips if not any(q in l for l in buggy)}     # code the file lacks
+
+        def supports(ev, e):
+            return ev[0] in fresh and ev[0] in e[5] if len(ev) == 1 else \
+                _around(ev[0], ev[1], e) or _around(ev[1], ev[0], e)
+
+        sq = [squash(q) for q in quotes]
+        for ev in [(q,) for q in snips] + [(p, q) for p, q in zip(sq, sq[1:]) if p != q]:
+            if supports(ev, true):
+                right = True
+            elif any(supports(ev, e) for e in others):
+                wrong = True
+    low, names = text.lower(), operator_names(rc)
+    for pattern, ops in V3_PHRASES:
+        if re.search(pattern, low):
+            right, wrong = right or bool(ops & names), wrong or not ops & names
+    return right, wrong
+
+
+class RubricJudge:
+    """The embedded rubric judge (rubric-v3, the default). Root cause (half the score): names the
+    function (a whole word); locates the fault (names the faulty line's number, or names no line
+    and quotes the line's code); and states the fix: some evidence is right and none is wrong. Evidence is a
+    quoted snippet (right when it is code only the recorded fix produces: in the fixed line, in
+    no line of the buggy file), a pair of adjacent quoted snippets (right when one is a stretch
+    of the buggy line around the wrong token and the other is that stretch fixed, in either
+    order) or an operator phrase ("off-by-one", "swapped arguments", "drop the `not`"). Evidence
+    that supports another single-token edit of the file (and not the recorded one) is wrong: a
+    list of candidate fixes earns nothing. A shotgun answer (more than MAX_QUOTED distinct
+    snippets, more than MAX_LINES lines named or whole lines quoted, more than MAX_CHARS
+    characters) earns neither location nor cause. Quoting the faulty line or the wrong token alone locates, but states no fix.
+    Maintainability (the other half) as rubric-v2. Deterministic; never the acceptance test."""
+
+    name = "rubric-v3"
+
+    def judge(self, bundle, explanation: str, diff: str, *, blast_score: float | None = None) -> JudgeResult:
+        rc = (bundle.metadata or {}).get("root_cause", {})
+        text = explanation or ""
+        fn = rc.get("function") or ""
+        c = {"function": bool(fn) and re.search(rf"(?<![\w.]){re.escape(fn)}(?!\w)", text, re.I) is not None}
+        short = len(text) <= MAX_CHARS
+        lines, quotes = (v3_lines(text), v3_quotes(text)) if short else (set(), [])
+        code, space = squash(rc.get("line_text") or ""), truth_space(bundle, rc)
+        src = (bundle.files or {}).get(rc.get("file") or "solution.py") or ""
+        # whole lines of code (a one-word line, e.g. a doctest's `True`, is a token, not a line)
+        whole = {x for x in map(squash, src.splitlines()) if len(x) > 3 and not re.fullmatch(r"\w+", x)}
+        whole |= {space[1][5]} if space else set()
+        sq = {squash(q) for q in quotes}
+        c["focused"] = short and len(sq) <= MAX_QUOTED and len(lines) <= MAX_LINES and len(sq & whole) <= MAX_LINES
+        c["location"] = c["focused"] and bool(rc.get("line")) and (
+            rc["line"] in lines or (not lines and len(code) > 3 and any(code in q for q in sq)))
+        right, wrong = fix_claims(space, rc, text, quotes) if rc.get("line") and c["focused"] else (False, False)
+        c["no_wrong_claim"] = not wrong
+        c["cause"] = c["focused"] and right and not wrong
         c["root_cause_identified"] = bool(c["function"] and c["location"] and c["cause"])
         maint, m = _maintainability(bundle, diff, blast_score)
         root = (c["function"] + c["location"] + c["cause"]) / 3
@@ -193,16 +367,19 @@ def cohen_kappa(a, b) -> float:
 
 def make_judge(cfg: dict | None = None) -> Judge:
     """A judge from plain config (picklable, so pool workers can build their own):
-    {"kind": "rubric"} (the default, rubric-v2), {"kind": "rubric-v1"} or {"kind": "openai", "base_url", "model", ...}."""
+    {"kind": "rubric"} (the default, rubric-v3; also "rubric-v3"), {"kind": "rubric-v2"}, {"kind": "rubric-v1"}
+    (the older rubric judges, kept to measure against) or {"kind": "openai", "base_url", "model", ...}."""
     cfg = dict(cfg or {})
     kind = cfg.pop("kind", "rubric")
-    if kind == "rubric":
+    if kind in ("rubric", "rubric-v3"):
         return RubricJudge()
+    if kind == "rubric-v2":
+        return RubricJudgeV2()
     if kind == "rubric-v1":
         return KeywordRubricJudge()
     if kind == "openai":
         return OpenAIJudge(**cfg)
-    raise ValueError(f"unknown judge kind {kind!r}: 'rubric' or 'openai'")
+    raise ValueError(f"unknown judge kind {kind!r}: 'rubric' (rubric-v3), 'rubric-v2', 'rubric-v1' or 'openai'")
 
 
 # ------------------------------------------------------------------------ OpenAI-compatible judge

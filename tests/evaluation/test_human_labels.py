@@ -20,7 +20,7 @@ def _kappa_by_hand(conf: dict) -> float:
     return (po - pe) / (1 - pe)
 
 
-@pytest.mark.parametrize("judge", ["rubric", "rubric-v1"])
+@pytest.mark.parametrize("judge", ["rubric", "rubric-v2", "rubric-v1"])
 def test_committed_human_label_csv_is_ingested_and_kappa_computed(wh, suite_tasks, judge):
     from ratchet.governance.tasks import task_rows
     from ratchet.store import replace

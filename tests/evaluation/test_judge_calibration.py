@@ -1,4 +1,5 @@
-"""Judge calibration: the gold rule, kappa of the old keyword judge vs the rubric judge, the human
+"""Judge calibration: the gold rule, kappa of the older judges (keyword rubric-v1, token rubric-v2)
+vs the rubric judge (rubric-v3), the human
 label CSV, and the OpenAI-compatible judge against a tiny local HTTP server standing in for a
 remote LLM API (nothing else can run here: no model, no network)."""
 import json
@@ -8,7 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ratchet.evaluation import judge_calibration as jc
-from sandboxes.verifiers.judge import JudgeError, KeywordRubricJudge, OpenAIJudge, RubricJudge, make_judge
+from sandboxes.verifiers.judge import (JudgeError, KeywordRubricJudge, OpenAIJudge, RubricJudge, RubricJudgeV2,
+                                       make_judge)
 
 pytestmark = pytest.mark.evaluation
 
@@ -19,15 +21,17 @@ def bundles(suite_tasks):
 
 
 def test_gold_rule_by_hand(suite_tasks):
-    b = suite_tasks[0]
+    b = next(t for t in suite_tasks if t.metadata["root_cause"]["operator"] == "bool_swap")
     rc = b.metadata["root_cause"]
-    fn, n, mut, org = rc["function"], rc["line"], rc["mutated"].strip() or "not", rc["original"].strip() or "not"
+    fn, n, mut, org = rc["function"], rc["line"], rc["mutated"].strip(), rc["original"].strip()
     assert jc.gold_root_cause(b, f"`{fn}` line {n}: `{mut}` should be `{org}`.") == 1
-    assert jc.gold_root_cause(b, f"In {fn}, `{rc['line_text']}` has the wrong `{mut}`.") == 1
+    assert jc.gold_root_cause(b, f"In {fn}, `{rc['line_text']}` should be `return {org}`.") == 1
+    assert jc.gold_root_cause(b, f"In {fn}, `{rc['line_text']}` has the wrong `{mut}`.") == 0   # no fix stated
     assert jc.gold_root_cause(b, f"`{fn}` line {n + 2}: `{mut}` should be `{org}`.") == 0     # wrong line
     assert jc.gold_root_cause(b, f"`{fn}` line {n}.") == 0                                    # no cause
     assert jc.gold_root_cause(b, f"line {n}: `{mut}` should be `{org}`.") == 0                # no function
     assert jc.gold_root_cause(b, f"`{fn}` lines {n - 1} to {n + 1}: `{mut}` -> `{org}`") == 0  # shotgun
+    assert jc.gold_root_cause(b, f"`{fn}` line {n}: `{mut}` -> `{org}`, off-by-one") == 0      # a wrong claim too
     assert jc.gold_root_cause(b, "Fixed the bug.") == 0
     no_truth = type("B", (), {"metadata": {}})()
     assert jc.gold_root_cause(no_truth, "anything") is None
@@ -35,11 +39,13 @@ def test_gold_rule_by_hand(suite_tasks):
 
 def test_keyword_judge_drifts_and_the_rubric_judge_passes_the_gate(suite_tasks, bundles):
     items = jc.embedded_items(suite_tasks, seed=0)
-    assert {i.gold for i in items} == {0, 1} and len({i.kind for i in items}) >= 10
+    assert {i.gold for i in items} == {0, 1} and len({i.kind for i in items}) >= 15
     old, _ = jc.calibrate(KeywordRubricJudge(), items, bundles, gold_source="embedded", n_boot=300)
+    v2, _ = jc.calibrate(RubricJudgeV2(), items, bundles, gold_source="embedded", n_boot=300)
     new, labels = jc.calibrate(RubricJudge(), items, bundles, gold_source="embedded", n_boot=300)
     assert old["status"] == "drift" and old["kappa"] < jc.WARN_BELOW
     assert "shotgun" in old["disagreements"]["by_kind"]          # any line number credited the location
+    assert "token_shotgun" in v2["disagreements"]["by_kind"] and v2["kappa"] < new["kappa"]
     assert new["status"] == "ok" and new["kappa"] >= jc.BLOCK_BELOW and new["kappa_ci_lo"] <= new["kappa"]
     assert new["items"] == len(items) == len(labels)
     assert sum(new["confusion"].values()) == len(items)
@@ -73,9 +79,10 @@ def test_human_label_csv(tmp_path, suite_tasks, bundles):
 
 def test_a_judge_never_grades_its_own_items(bundles):
     tid = next(iter(bundles))
-    items = [jc.Item(tid, "trajectory", "x", "", 0, source="rubric-v2")]
-    with pytest.raises(ValueError, match="wrote itself"):
-        jc.calibrate(RubricJudge(), items, bundles, gold_source="t")
+    for judge in (RubricJudge(), RubricJudgeV2()):
+        items = [jc.Item(tid, "trajectory", "x", "", 0, source=judge.name)]
+        with pytest.raises(ValueError, match="wrote itself"):
+            jc.calibrate(judge, items, bundles, gold_source="t")
 
 
 class StandIn(BaseHTTPRequestHandler):
@@ -162,8 +169,8 @@ def test_items_from_logged_agent_runs(suite_tasks, bundles):
     items = jc.transcript_items(recs, bundles)
     assert [i.source for i in items] == [r.agent_id for r in runs] and all(i.kind == "transcript" for i in items)
     assert items[0].explanation == runs[0].explanation and items[1].explanation == runs[1].explanation
-    # the expert fixed this one with an equivalent edit ("insert `not`") instead of naming the
-    # planted token: gold requires the wrong token or its fix, so the rule says 0 here
+    # the expert fixed this one with an equivalent edit ("insert `not`") instead of the planted
+    # token's fix: gold requires the recorded fix stated, and "insert `not`" names another edit
     rc = b.metadata["root_cause"]
     assert all(i.gold == jc.gold_root_cause(b, i.explanation) for i in items)
     assert (f"`{rc['mutated'].strip()}`" in items[0].explanation) == bool(items[0].gold)

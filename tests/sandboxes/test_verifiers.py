@@ -28,8 +28,10 @@ def _all_pass(task):
 
 def _explain(task):
     rc = task.metadata["root_cause"]
-    return (f"`{rc['function']}` is wrong on line {rc['line']}: `{rc['mutated'].strip() or 'not'}` "
-            f"should be `{rc['original'].strip() or 'not'}` ({rc['family']} bug).")
+    raw = task.files["solution.py"].splitlines()[rc["line"] - 1]
+    fixed = raw[:rc["col"]] + rc["original"] + raw[rc["end_col"]:]
+    return (f"`{rc['function']}` is wrong on line {rc['line']}: `{raw.strip()}` "
+            f"should be `{fixed.strip()}` ({rc['family']} bug).")
 
 
 def test_r_tests():
@@ -127,6 +129,7 @@ def test_compose_reward_weights_and_infra_failure(task):
     full = compose_reward(task, outcomes=_all_pass(task), diff=diff, explanation=_explain(task))
     assert full.status == "scored" and full.value == pytest.approx(1.0)
     assert full.components == {"tests": 1.0, "hygiene": 1.0, "judge": 1.0}
+    assert full.details["judge"]["name"] == "rubric-v3" and full.details["judge"]["criteria"]["root_cause_identified"]
     failing = {**_all_pass(task), task.fail_to_pass[0]: "failed"}
     part = compose_reward(task, outcomes=failing, diff=diff, explanation=_explain(task))
     # hygiene and judge grade a working fix only: a failing one earns nothing from them
