@@ -75,32 +75,29 @@ def human_intervention(outcome: str, passed: bool, gates: list, components: dict
             or components.get("judge", 0.0) < JUDGE_THRESHOLD)
 
 
-def run_policy_episode(policy_id: str, checkpoint_version: str, bundle, seed: int, *, runtime=None,
-                       judge=None, eval_run_id: str = "", holdout_sha256: str = "", rate_card=None,
-                       policy_kwargs: dict | None = None, policy=None) -> dict:
-    """Run one episode and return its eval_episodes row (definitions in the module doc).
-    `policy`: an already made policy object (otherwise made from the id and `policy_kwargs`)."""
+def episode_row(policy_id: str, checkpoint_version: str, bundle, seed: int, rec, *, eval_run_id: str = "",
+                holdout_sha256: str = "", rate_card=None, error: str | None = None,
+                policy_s: float | None = None) -> dict:
+    """The eval_episodes row of one episode record (`ratchet.policy.EpisodeRecord`), or of an
+    episode that never ran (`rec` None: an infra failure with `error`). `policy_s`: the episode's
+    share of generation time when it was generated in batches with others (see
+    `run_policy_chunk`); default the record's own."""
     from datetime import datetime, timezone
 
     from ratchet.evaluation.economics import RateCard, episode_cost
-    from ratchet.policy import run_policy_episode as run
 
-    check_judge(judge, policy_id)
-    try:
-        pol = policy or get_policy(policy_id, checkpoint_version, **(policy_kwargs or {}))
-        rec = run(pol, bundle, seed, runtime=runtime, judge=judge)
-    except Exception as e:  # noqa: BLE001 - an engine that cannot even start voids the episode
-        now = datetime.now(timezone.utc)
-        rec = None
-        err = f"{type(e).__name__}: {e}"[:2000]
+    now = datetime.now(timezone.utc)
     if rec is not None:
         outcome, passed, comps, gates = rec.outcome, bool(rec.passed), dict(rec.components), list(rec.hard_gates)
         err = rec.error[:2000] if rec.error else None
     else:
         outcome, passed, comps, gates = "infra_failure", False, {}, []
+        err = (error or "the episode did not run")[:2000]
     infra = outcome == "infra_failure"
     tokens_in, tokens_out = (rec.tokens_in, rec.tokens_out) if rec else (0, 0)
-    policy_s, sandbox_s = (rec.policy_s, rec.sandbox_s) if rec else (0.0, 0.0)
+    sandbox_s = rec.sandbox_s if rec else 0.0
+    if policy_s is None:
+        policy_s = rec.policy_s if rec else 0.0
     # an engine that reports its own price (an API) wins; otherwise the rate card prices it
     cost = rec.cost_usd if rec is not None and rec.cost_usd is not None else episode_cost(
         rate_card or RateCard(), policy_id=policy_id, tokens_in=tokens_in, tokens_out=tokens_out,
@@ -122,3 +119,100 @@ def run_policy_episode(policy_id: str, checkpoint_version: str, bundle, seed: in
         "started_at": rec.started_at if rec else now, "finished_at": rec.finished_at if rec else now,
         "error": err,
     }
+
+
+def run_policy_episode(policy_id: str, checkpoint_version: str, bundle, seed: int, *, runtime=None,
+                       judge=None, eval_run_id: str = "", holdout_sha256: str = "", rate_card=None,
+                       policy_kwargs: dict | None = None, policy=None) -> dict:
+    """Run one episode and return its eval_episodes row (definitions in the module doc).
+    `policy`: an already made policy object (otherwise made from the id and `policy_kwargs`)."""
+    from ratchet.policy import run_policy_episode as run
+
+    check_judge(judge, policy_id)
+    rec, err = None, None
+    try:
+        pol = policy or get_policy(policy_id, checkpoint_version, **(policy_kwargs or {}))
+        rec = run(pol, bundle, seed, runtime=runtime, judge=judge)
+    except Exception as e:  # noqa: BLE001 - an engine that cannot even start voids the episode
+        err = f"{type(e).__name__}: {e}"
+    return episode_row(policy_id, checkpoint_version, bundle, seed, rec, eval_run_id=eval_run_id,
+                       holdout_sha256=holdout_sha256, rate_card=rate_card, error=err)
+
+
+# ------------------------------------------------------------------------- batched episodes
+# Engines whose `generate` runs a list of requests through the model as one batch: their episodes
+# are evaluated in chunks through `ratchet.policy.run_episodes` (one generate call for every
+# episode waiting on the policy). Harness / scripted agents answer one request at a time and HTTP
+# engines are priced per call, so they keep one episode per job.
+BATCHED_ENGINES = ("embedded", "hf")
+
+
+def batches_generation(policy_id: str) -> bool:
+    return policy_id.partition(":")[0] in BATCHED_ENGINES
+
+
+class _Timed:
+    """A policy that times its generate calls: the total (the worker's generation time) and each
+    episode's share of every batch it was in (the call's wall time split evenly over its requests),
+    so the shares sum to the generation time and a batch of 16 is not billed 16 times."""
+
+    def __init__(self, policy):
+        self._policy, self.generate_s, self.calls, self.requests = policy, 0.0, 0, 0
+        self.share: dict = {}
+
+    def __getattr__(self, name):                  # policy_id, spec, sampling, ...: the policy's own
+        if name.startswith("__") or name == "_policy":
+            raise AttributeError(name)
+        return getattr(self._policy, name)
+
+    def generate(self, requests):
+        import time
+
+        t0 = time.monotonic()
+        try:
+            return self._policy.generate(requests)
+        finally:
+            dt = time.monotonic() - t0
+            self.generate_s += dt
+            self.calls += 1
+            self.requests += len(requests)
+            for r in requests:
+                key = (r.metadata.get("task_id"), r.metadata.get("episode_seed"))
+                self.share[key] = self.share.get(key, 0.0) + dt / len(requests)
+
+
+def run_policy_chunk(policy_id: str, checkpoint_version: str, jobs, *, runtime=None, judge=None,
+                     eval_run_id: str = "", holdout_sha256: str = "", rate_card=None,
+                     policy_kwargs: dict | None = None, concurrency: int = 16, policy=None) -> tuple[list[dict], dict]:
+    """Episodes `jobs` [(bundle, seed), ...] (distinct pairs) run together by
+    `ratchet.policy.run_episodes`: up to `concurrency` open at once, one batched generate call for
+    every episode waiting on the policy, sandbox steps in threads meanwhile. Returns (one
+    eval_episodes row per job, in job order; timing). Rows are built as `run_policy_episode`
+    builds them, except `policy_s`: the episode's share of generation time (see `_Timed`).
+    timing: `chunk_s` (this call), `runner_s` (inside run_episodes), `generate_s` (inside the
+    policy's generate calls), `calls`, `requests`, `episodes`."""
+    import time
+
+    from ratchet.policy import run_episodes
+
+    check_judge(judge, policy_id)
+    jobs = list(jobs)
+    t0 = time.monotonic()
+    timing = {"episodes": len(jobs), "chunk_s": 0.0, "runner_s": 0.0, "generate_s": 0.0, "calls": 0, "requests": 0}
+    recs, err, timed = [None] * len(jobs), None, None
+    try:
+        timed = _Timed(policy or get_policy(policy_id, checkpoint_version, **(policy_kwargs or {})))
+        t1 = time.monotonic()
+        recs = run_episodes(timed, jobs, concurrency=max(1, min(concurrency, len(jobs))), runtime=runtime,
+                            judge=judge)
+        timing["runner_s"] = time.monotonic() - t1
+    except Exception as e:  # noqa: BLE001 - an engine that cannot start (or a runner crash) voids the chunk
+        err = f"{type(e).__name__}: {e}"
+    rows = [episode_row(policy_id, checkpoint_version, b, s, rec, eval_run_id=eval_run_id,
+                        holdout_sha256=holdout_sha256, rate_card=rate_card, error=err,
+                        policy_s=timed.share.get((b.task_id, int(s)), 0.0) if timed and rec else None)
+            for (b, s), rec in zip(jobs, recs)]
+    if timed is not None:
+        timing.update(generate_s=timed.generate_s, calls=timed.calls, requests=timed.requests)
+    timing["chunk_s"] = time.monotonic() - t0
+    return rows, timing

@@ -4,6 +4,12 @@ arrive (so a killed evaluation loses only the episodes in flight).
 
     plan = holdout_plan(con, manifest_path)          # ManifestError on any mismatch
     rows = evaluate(plan, "harness:sbfl", "", seeds=[0, 1, 2], sink=lambda rows: ...)
+
+Two ways through the pool, the same rows: harness, scripted and HTTP policies go one episode per
+job (`episodes.run_policy_episode`); policies whose engine batches generation (embedded, hf:
+`episodes.BATCHED_ENGINES`) go a chunk of episodes per job (`episodes.run_policy_chunk`: the
+chunk's episodes run together and the model generates for all waiting ones in one batch), and
+each chunk's rows are stored as soon as it returns.
 """
 from __future__ import annotations
 
@@ -61,6 +67,10 @@ def holdout_plan(con, manifest_path: str | Path, *, task_limit: int | None = Non
 
 # ------------------------------------------------------------------------------- workers
 _RUNTIME = None
+# Batched policies: episodes per pool job, and how many of them are open at once (the batch the
+# model decodes). A kill loses at most `workers` chunks; measured in bench/eval.py --policy embedded.
+CHUNK = 32
+CONCURRENCY = 16
 
 
 def _init_worker() -> None:
@@ -75,6 +85,24 @@ def _init_worker() -> None:
         os.environ.setdefault(var, "1")
 
     _RUNTIME = LocalRuntime()
+
+
+def _chunk_job(args) -> tuple[list[dict], dict]:
+    from ratchet.evaluation.economics import RateCard
+    from ratchet.evaluation.episodes import run_policy_chunk
+    from sandboxes.bundle import TaskBundle
+    from sandboxes.verifiers.judge import make_judge
+
+    policy_id, version, pairs, run_id, sha, judge_cfg, card_d, kw, concurrency = args
+    if _RUNTIME is None:
+        _init_worker()
+    t0 = time.monotonic()
+    rows, timing = run_policy_chunk(
+        policy_id, version, [(TaskBundle.from_dict(b), s) for b, s in pairs], runtime=_RUNTIME,
+        judge=make_judge(judge_cfg) if judge_cfg else None, eval_run_id=run_id, holdout_sha256=sha,
+        rate_card=RateCard.from_dict(card_d) if card_d else None, policy_kwargs=kw, concurrency=concurrency)
+    timing["job_s"] = time.monotonic() - t0          # worker-side: bundle decoding and judge included
+    return rows, timing
 
 
 def _job(args) -> dict:
@@ -100,17 +128,26 @@ class EvalRun:
     planned: int
     wall_s: float
     workers: int
+    batched: bool = False             # chunks through run_episodes (batched generation) or one per job
+    chunk: int = 1                    # episodes per job
+    timing: dict = field(default_factory=dict)   # batched: worker-side sums over chunks (run_policy_chunk)
 
 
 def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *, seeds: Sequence[int] = (0, 1, 2),
              done: Callable[[list[str]], set] | None = None, sink: Callable[[list[dict]], None] | None = None,
              workers: int | None = None, judge: dict | None = None, rate_card=None,
              policy_kwargs: dict | None = None, eval_run_id: str | None = None,
-             flush_every: int = 16, flush_s: float = 2.0) -> EvalRun:
+             flush_every: int = 16, flush_s: float = 2.0, batched: bool | None = None,
+             chunk: int | None = None, concurrency: int = CONCURRENCY) -> EvalRun:
     """Every holdout task x seed for one policy. `done(eval_ids)` returns the ids that already
     have a row (skipped); `sink(rows)` stores rows in batches as they finish. A judge whose id is
-    the policy's is refused before anything runs."""
-    from ratchet.evaluation.episodes import check_judge, eval_id
+    the policy's is refused before anything runs.
+
+    `batched` (default: whether the policy's engine batches generation, `BATCHED_ENGINES`): run
+    `chunk` episodes per job (default `CHUNK`, fewer when there are not enough to keep every worker
+    busy), `concurrency` of them open at once; each chunk's rows are stored when it returns, so a
+    kill loses at most the chunks in flight (`workers` x `chunk` episodes)."""
+    from ratchet.evaluation.episodes import batches_generation, check_judge, eval_id
     from ratchet.policy.base import engine_names
     from sandboxes.verifiers.judge import make_judge
 
@@ -128,6 +165,8 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
     finished = done(ids) if done else set()
     todo = [j for j, i in zip(jobs, ids) if i not in finished]
     n = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    if batches_generation(policy_id) if batched is None else batched:
+        return _evaluate_chunks(todo, n, run_id, len(jobs), sink, chunk, concurrency)
     out, batch = [], []
     last = time.monotonic()
     t0 = time.monotonic()
@@ -154,6 +193,41 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
         if sink and batch:
             sink(batch)                 # what finished before an interruption is kept
     return EvalRun(run_id, out, len(jobs) - len(todo), len(jobs), time.monotonic() - t0, n)
+
+
+def _chunks(todo: list, n: int, chunk: int | None) -> list[list]:
+    """Consecutive jobs (a task's seeds together) in chunks of `chunk`, at most CHUNK by default
+    and small enough that every one of the n workers gets one."""
+    size = max(1, chunk or min(CHUNK, -(-len(todo) // n)))
+    return [todo[k:k + size] for k in range(0, len(todo), size)]
+
+
+def _evaluate_chunks(todo: list, n: int, run_id: str, planned: int, sink, chunk: int | None,
+                     concurrency: int) -> EvalRun:
+    t0 = time.monotonic()
+    chunks = _chunks(todo, n, chunk)
+    args = [(c[0][0], c[0][1], [(j[2], j[3]) for j in c], run_id, *c[0][5:9], concurrency) for c in chunks]
+    out, timing = [], {}
+
+    def take(result) -> None:
+        rows, t = result
+        out.extend(rows)
+        for k, v in t.items():
+            timing[k] = timing.get(k, 0) + v
+        if sink and rows:
+            sink(rows)                      # one chunk = one write: finished rows survive a kill
+
+    if n == 1:
+        for a in args:
+            take(_chunk_job(a))
+    else:
+        import multiprocessing as mp
+        with mp.get_context("spawn").Pool(n, _init_worker) as pool:
+            for result in pool.imap_unordered(_chunk_job, args):
+                take(result)
+    timing["chunks"] = len(chunks)
+    return EvalRun(run_id, out, planned - len(todo), planned, time.monotonic() - t0, n, True,
+                   max(map(len, chunks), default=0), timing)
 
 
 def warehouse_sink(wh) -> tuple[Callable, Callable]:
