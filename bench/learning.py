@@ -60,39 +60,51 @@ def first_try(messages, passed: bool) -> bool:
     return bool(passed and applies == 1)
 
 
-def run_harness(name, bundles, *, prior, k, max_turns, runtime):
+def run_harness(name, bundles, *, prior, k, max_turns, runtime, seeds=(0,)):
     from sandboxes.agents import run_agent
 
     out = []
-    for b in bundles:
-        kw = {"prior": prior} if name in ("prior", "structured") else {}
-        r = run_agent(name, b, seed=0, runtime=runtime, max_turns=max_turns, k=k, **kw)
-        ok = bool(r.accepted)
-        out.append({"task_id": b.task_id, "passed": ok, "first_try": first_try(r.messages, ok),
-                    "infra": r.reward is None or r.reward.status == "infra_failure", "messages": r.messages,
-                    "tools": r.tools})
+    kw = {"prior": prior} if name in ("prior", "structured") else {}
+    for seed in seeds:
+        for b in bundles:
+            r = run_agent(name, b, seed=seed, runtime=runtime, max_turns=max_turns, k=k, **kw)
+            ok = bool(r.accepted)
+            out.append({"task_id": b.task_id, "seed": seed, "passed": ok, "first_try": first_try(r.messages, ok),
+                        "infra": r.reward is None or r.reward.status == "infra_failure", "messages": r.messages,
+                        "tools": r.tools})
     return out
 
 
-def run_embedded(path, bundles, *, max_turns, max_tokens, temperature, runtime):
+def run_embedded(path, bundles, *, max_turns, max_tokens, temperature, runtime, seeds=(0,)):
     from ratchet.policy import make_policy, run_episodes
 
     pol = make_policy("embedded:bench", path=str(path), threads=1,
                       sampling={"temperature": temperature, "max_tokens": max_tokens})
-    recs = run_episodes(pol, [(b, 0) for b in bundles], concurrency=16, runtime=runtime, max_turns=max_turns,
-                        min_batch=16)
-    return [{"task_id": r.task_id, "passed": bool(r.passed), "first_try": first_try(r.messages, r.passed),
-             "infra": r.outcome == "infra_failure", "turns": r.turns} for r in recs]
+    recs = run_episodes(pol, [(b, s) for s in seeds for b in bundles], concurrency=16, runtime=runtime,
+                        max_turns=max_turns, min_batch=16)
+    return [{"task_id": r.task_id, "seed": r.seed, "passed": bool(r.passed),
+             "first_try": first_try(r.messages, r.passed), "infra": r.outcome == "infra_failure", "turns": r.turns} for r in recs]
+
+
+def per_task_rate(rows, key: str = "passed") -> dict:
+    """task -> mean of `key` over its scored seeds (None when every seed was an infra failure)."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["task_id"], []).append(None if r["infra"] else float(r[key]))
+    return {t: (sum(v for v in vs if v is not None) / len([v for v in vs if v is not None])
+                if any(v is not None for v in vs) else None) for t, vs in by.items()}
 
 
 def summarise(rows) -> dict:
+    """Success and first-try rates with 95% CIs: bootstrap over TASKS of each task's mean over
+    its evaluation seeds (seeds of one task are not independent samples)."""
     from ratchet.evaluation.stats import bootstrap_ci
 
-    scored = [r for r in rows if not r["infra"]]
-    p = bootstrap_ci([float(r["passed"]) for r in scored])
-    f = bootstrap_ci([float(r["first_try"]) for r in scored])
+    p_t, f_t = per_task_rate(rows), per_task_rate(rows, "first_try")
+    p = bootstrap_ci([v for v in p_t.values() if v is not None])
+    f = bootstrap_ci([v for v in f_t.values() if v is not None])
     return {"pass": p.estimate, "pass_ci": [p.lo, p.hi], "first_try": f.estimate, "first_try_ci": [f.lo, f.hi],
-            "n": p.n, "infra": len(rows) - len(scored)}
+            "n": p.n, "episodes": len(rows), "infra": sum(1 for r in rows if r["infra"])}
 
 
 def plot(results: dict, cpu: dict, path: Path) -> Path:
@@ -127,6 +139,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="/tmp/ratchet-learning")
     ap.add_argument("--k", type=int, default=4, help="attempt budget of the harnesses")
     ap.add_argument("--max-turns", type=int, default=14)
+    ap.add_argument("--eval-seeds", type=int, default=1,
+                    help="evaluation seeds per validation task for the sampled policies (embedded, harness:random); "
+                         "sbfl and prior are deterministic. CIs: bootstrap over tasks of per-task means")
     ap.add_argument("--temperature", type=float, default=1.0, help="embedded policies' eval sampling (RL samples at 1.0)")
     ap.add_argument("--rl-lr", type=float, default=1e-3)
     ap.add_argument("--rl-beta", type=float, default=0.04)
@@ -187,7 +202,8 @@ def main(argv=None) -> int:
     say(f"base_policy {base.name} built in {cpu['base_policy']:.0f} CPU s (train tasks only)")
 
     c = cpu_now()
-    cached = out / f"data-{len(train_used)}-{a.k}-{a.max_turns}.json"
+    # v2: the structured agent follows the mask's attempt structure (no give-up before the turn limit)
+    cached = out / f"data-v2-{len(train_used)}-{a.k}-{a.max_turns}.json"
     if a.reuse_data and cached.exists():
         demo = json.loads(cached.read_text())
     else:
@@ -232,20 +248,22 @@ def main(argv=None) -> int:
         f"RL: {len(res.rl.history) if res.rl else 0} steps, {cpu['rl']:.0f} CPU s")
 
     results, eval_cpu, per_task = {}, {}, {}
+    seeds = tuple(range(a.eval_seeds))
     for name, fn in (
-            ("random", lambda: run_harness("random", val, prior=None, k=a.k, max_turns=a.max_turns, runtime=rt)),
+            ("random", lambda: run_harness("random", val, prior=None, k=a.k, max_turns=a.max_turns, runtime=rt,
+                                           seeds=seeds)),
             ("sbfl", lambda: run_harness("sbfl", val, prior=None, k=a.k, max_turns=a.max_turns, runtime=rt)),
             ("prior", lambda: run_harness("prior", val, prior=prior, k=a.k, max_turns=a.max_turns, runtime=rt)),
             ("untrained", lambda: run_embedded(base, val, max_turns=a.max_turns, max_tokens=rs.max_tokens,
-                                               temperature=a.temperature, runtime=rt)),
+                                               temperature=a.temperature, runtime=rt, seeds=seeds)),
             ("sft", lambda: run_embedded(res.sft.checkpoint, val, max_turns=a.max_turns, max_tokens=rs.max_tokens,
-                                         temperature=a.temperature, runtime=rt)),
+                                         temperature=a.temperature, runtime=rt, seeds=seeds)),
             ("rl", lambda: run_embedded(res.rl.checkpoint if res.rl else res.sft.checkpoint, val,
                                         max_turns=a.max_turns, max_tokens=rs.max_tokens,
-                                        temperature=a.temperature, runtime=rt))):
+                                        temperature=a.temperature, runtime=rt, seeds=seeds))):
         c = cpu_now()
         rows_ = fn()
-        per_task[name] = {r["task_id"]: None if r["infra"] else r["passed"] for r in rows_}
+        per_task[name] = per_task_rate(rows_)
         results[name] = summarise(rows_)
         eval_cpu[name] = round(cpu_now() - c, 1)
         say(f"eval {name}: {results[name]} ({eval_cpu[name]:.0f} CPU s)")
@@ -274,7 +292,8 @@ def main(argv=None) -> int:
                                                                           "rl_beta": a.rl_beta, "sft_lr": a.sft_lr,
                                                                           "temperature": a.temperature,
                                                                           "masked_logprobs": not a.unmasked_logprobs,
-                                                                          "max_turns": a.max_turns, "k": a.k}, "sft_cpu_min": round(cpu["sft"] / 60, 2),
+                                                                          "max_turns": a.max_turns, "k": a.k,
+                                                                          "eval_seeds": a.eval_seeds}, "sft_cpu_min": round(cpu["sft"] / 60, 2),
         "rl_cpu_min": round(cpu["rl"] / 60, 2), "base_policy_cpu_min": round(cpu["base_policy"] / 60, 2),
         "data_cpu_min": round(cpu["data"] / 60, 2), "eval_cpu_min": round(sum(eval_cpu.values()) / 60, 2),
         "val_tasks": len(val), "train_tasks": len(train), "train_trajectories": len(data),

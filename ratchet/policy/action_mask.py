@@ -60,12 +60,22 @@ def _observations(messages: list[dict]):
     return out
 
 
-def episode_state(messages: list[dict]) -> dict:
-    """What the mask needs from the conversation (see `narrow`)."""
-    from sandboxes.agents.prior import localized_code
-    from sandboxes.observations import is_error, parse_applied, parse_candidates, parse_localize
+def undo_index(cands: list[tuple[int, str]], original: str | None) -> int | None:
+    """The candidate that puts a line back as `original` (its code as localize showed it), read from
+    the descriptions only (`...: \`<the line after the edit>\``): the operator tables are symmetric,
+    so the inverse of the applied edit is on the dirty line's list. None if absent."""
+    if original is None:
+        return None
+    return next((i for i, d in cands if d.split(": `", 1)[-1][:-1] == original), None)
 
-    st = {"localized": False, "ranked": [], "applied": None, "applies": 0, "tested": True, "clean": True}
+
+def episode_state(messages: list[dict]) -> dict:
+    """What the mask needs from the conversation (see `narrow`), from the observations only."""
+    from sandboxes.agents.prior import localized_code
+    from sandboxes.observations import is_error, parse_applied, parse_candidates, parse_localize, tests_all_passed
+
+    st = {"localized": False, "ranked": [], "applied": None, "applies": 0, "tested": True, "clean": True,
+          "attempts": 0, "pending": None, "verdict": None, "undo": None, "tried": set()}
     dirty: set = set()     # lines that no longer read as localize showed them
     code: dict = {}
     lists: dict = {}       # ((path, line), tag) -> {index: description}; tag: "clean" or the apply count
@@ -82,21 +92,36 @@ def episode_state(messages: list[dict]) -> dict:
             st["ranked"] = [(f, ln) for f, ln, _ in parse_localize(obs)]
             code = localized_code(obs)
         elif name == "propose_edits":
-            cands = parse_candidates(obs)
             key = (args.get("path"), args.get("line"))
-            if cands and None not in key:
-                lists[(key, tag())] = dict(cands)
+            if None not in key:          # an empty list counts as shown too (nothing to apply there)
+                lists[(key, tag())] = dict(parse_candidates(obs))
         elif name == "apply_edit":
             a = parse_applied(obs)
             if a is not None:
+                was_clean = st["clean"]
                 st["applied"] = (a.path, a.line, lists.get(((a.path, a.line), tag()), {}).get(a.index, ""))
                 st["applies"] += 1
                 st["tested"] = False
                 (dirty.discard if code.get(a.line) == a.text else dirty.add)(a.line)
                 st["clean"] = not dirty
+                if was_clean and not st["clean"]:      # an attempt: an edit of the clean file
+                    st["attempts"] += 1
+                    st["tried"].add((a.path, a.line, a.index))
+                    st["pending"], st["verdict"] = (a.path, a.line), None
+                elif st["clean"]:
+                    st["pending"], st["verdict"] = None, None
+                else:                                  # an edit on top of an edit: no attempt structure
+                    st["pending"], st["verdict"] = None, None
         elif name == "run_tests":
             st["tested"] = True
+            if st["pending"] is not None:
+                st["verdict"] = tests_all_passed(obs)
     st["valid"] = {key: len(c) for (key, t), c in lists.items() if t == tag()}
+    if st["pending"] is not None and st["verdict"] is False:
+        listed = lists.get((st["pending"], tag()))
+        if listed is not None:
+            st["undo"] = undo_index(sorted(listed.items()), code.get(st["pending"][1]))
+            st["undo_listed"] = True
     return st
 
 
@@ -110,46 +135,98 @@ def _object(props: dict, required: list[str]) -> dict:
     return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
 
 
+def _rank_order(ranked, values):
+    """`values` (lines) in SBFL rank order (the order localize listed them), not numeric order."""
+    pos = {}
+    for i, (_, ln) in enumerate(ranked):
+        pos.setdefault(ln, i)
+    return sorted(values, key=lambda v: (pos.get(v, len(pos)), v))
+
+
 def narrow(messages: list[dict], tools: list[dict]) -> list[dict]:
-    """This turn's schemas: the structured tools of `tools`, offered and narrowed by state:
-    - localize (`{"top": 10}`) until one has answered;
-    - propose_edits once it listed lines: `path` among its files, `line` among its lines except
-      those whose candidates are already listed for the file as it reads now (asking again shows
-      nothing new; measured: at temperature 0.5 an SFT start looped on it until the turn limit);
-    - apply_edit for the candidate lists that still describe the file (listed on the clean file
-      while it is clean again, or since the last apply): one `anyOf` branch per (path, line)
-      with `index` in [0, its count);
-    - run_tests after an apply that was not tested yet (the whole suite: `{}`);
-    - submit after any apply, or when localize found nothing; `explanation` one of the short
-      texts `sandboxes.agents.prior.short_explanation` builds, or the no-fix text.
-    At least one tool is always offered (localize, then propose_edits or apply_edit)."""
+    """This turn's schemas: the structured tools of `tools`, offered and narrowed by state.
+    The flow:
+    - localize (`{"top": 10}`) until one has answered; submit (no-fix text) if it ranked nothing;
+    - attempt structure (harness rules, the same for every policy): an edit of the clean file is an
+      attempt; it is tested before anything else (run_tests only); if the tests pass, only submit
+      (its explanation: `sandboxes.agents.prior.short_explanation` of that edit); if they fail,
+      only the undo: propose_edits on the edited line, then apply_edit of the candidate that puts
+      the line back as localize showed it (`undo_index`, read from the observations). So a failed
+      attempt is always undone cleanly and a passing one is always submitted;
+    - on the clean file: propose_edits with `path` among localize's files and `line` among its
+      lines except those whose candidates are already listed for the file as it reads now (asking
+      again shows nothing new; measured: an SFT start looped on it until the turn limit); and
+      apply_edit for the candidate lists that still describe the file, one `anyOf` branch per
+      (path, line) with `index` among the candidates not tried yet (no attempt twice). Enums list
+      lines in SBFL rank order;
+    - submit with the no-fix text on the clean file once an attempt failed (giving up is the
+      policy's choice; never before a first attempt), when nothing else is left (every line listed,
+      every candidate tried), or when an edit could not be undone (then the pre-mask options stay
+      open too).
+    At least one tool is always offered."""
     from sandboxes.agents.prior import NO_FIX, short_explanation
 
     st = episode_state(messages)
+    by_name = {_name(t): t for t in structured_tools(tools)}
+
+    def one(name, props):
+        return [_with_params(by_name[name], _object(props, list(props)))] if name in by_name else []
+
+    def enum(v):
+        return {"type": "integer" if isinstance(v[0], int) else "string", "enum": list(v)}
+
+    if not st["localized"]:
+        out = one("localize", {"top": enum([LOCALIZE_TOP])})
+    elif not st["ranked"]:
+        out = one("submit", {"explanation": enum([NO_FIX])})
+    elif st["pending"] is not None and st["verdict"] is None:
+        out = one("run_tests", {})
+    elif st["pending"] is not None and st["verdict"]:
+        out = one("submit", {"explanation": enum([short_explanation(*st["applied"])])})
+    elif st["pending"] is not None and not st.get("undo_listed"):
+        p, ln = st["pending"]
+        out = one("propose_edits", {"path": enum([p]), "line": enum([ln])})
+    elif st["pending"] is not None and st["undo"] is not None:
+        p, ln = st["pending"]
+        out = one("apply_edit", {"path": enum([p]), "line": enum([ln]), "index": enum([st["undo"]])})
+    else:
+        out = _open_choices(st, by_name, fallback=st["pending"] is not None or not st["clean"])
+    if not out:      # nothing left to try (or localize failed every time): let the episode end
+        out = one("submit", {"explanation": enum([NO_FIX])})
+    return out
+
+
+def _open_choices(st: dict, by_name: dict, *, fallback: bool) -> list[dict]:
+    """The clean file's choices: inspect a line, or apply an untried candidate. `fallback` (an
+    edit that could not be undone): also test and submit, as before the attempt structure."""
+    from sandboxes.agents.prior import NO_FIX, short_explanation
+
     out = []
-    for t in structured_tools(tools):
-        name = _name(t)
-        if name == "localize" and not st["localized"]:
-            out.append(_with_params(t, _object({"top": {"type": "integer", "enum": [LOCALIZE_TOP]}}, ["top"])))
-        elif name == "propose_edits" and st["ranked"]:
+    for name, t in by_name.items():
+        if name == "propose_edits":
             files = sorted({f for f, _ in st["ranked"]})
             shown = {ln for _, ln in st["valid"]}     # listed already, and the file still reads the same
-            lines = sorted({ln for _, ln in st["ranked"]} - shown)
-            if not lines:
-                continue
-            out.append(_with_params(t, _object({"path": {"type": "string", "enum": files},
-                                                "line": {"type": "integer", "enum": lines}}, ["path", "line"])))
-        elif name == "apply_edit" and st["valid"]:
-            branches = [_object({"path": {"type": "string", "enum": [p]}, "line": {"type": "integer", "enum": [ln]},
-                                 "index": {"type": "integer", "minimum": 0, "maximum": n - 1}},
-                                ["path", "line", "index"]) for (p, ln), n in sorted(st["valid"].items())]
-            out.append(_with_params(t, branches[0] if len(branches) == 1 else {"anyOf": branches}))
-        elif name == "run_tests" and not st["tested"]:
+            lines = _rank_order(st["ranked"], {ln for _, ln in st["ranked"]} - shown)
+            if lines:
+                out.append(_with_params(t, _object({"path": {"type": "string", "enum": files},
+                                                    "line": {"type": "integer", "enum": lines}}, ["path", "line"])))
+        elif name == "apply_edit":
+            order = {ln: i for i, ln in enumerate(_rank_order(st["ranked"], [ln for _, ln in st["valid"]]))}
+            branches = []
+            for (p, ln), n in sorted(st["valid"].items(), key=lambda kv: (order.get(kv[0][1], 0), kv[0])):
+                left = [i for i in range(n) if not st["clean"] or (p, ln, i) not in st["tried"]]
+                if left:
+                    branches.append(_object({"path": {"type": "string", "enum": [p]},
+                                             "line": {"type": "integer", "enum": [ln]},
+                                             "index": {"type": "integer", "enum": left}},
+                                            ["path", "line", "index"]))
+            if branches:
+                out.append(_with_params(t, branches[0] if len(branches) == 1 else {"anyOf": branches}))
+        elif name == "run_tests" and fallback and not st["tested"]:
             out.append(_with_params(t, _object({}, [])))
-        elif name == "submit" and (st["applied"] or (st["localized"] and not st["ranked"])):
+        elif name == "submit" and fallback:
             texts = ([short_explanation(*st["applied"])] if st["applied"] else []) + [NO_FIX]
             out.append(_with_params(t, _object({"explanation": {"type": "string", "enum": texts}}, ["explanation"])))
-    if not out:      # localize answered with an error every time, say: let the episode end
-        out = [_with_params(t, _object({"explanation": {"type": "string", "enum": [NO_FIX]}}, ["explanation"]))
-               for t in structured_tools(tools) if _name(t) == "submit"]
+        elif name == "submit" and st["attempts"] and st["clean"]:     # give up after a failed attempt
+            out.append(_with_params(t, _object({"explanation": {"type": "string", "enum": [NO_FIX]}}, ["explanation"])))
     return out

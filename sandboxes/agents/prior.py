@@ -209,17 +209,22 @@ def run_prior(env, rng: random.Random | None = None, *, prior=None, k: int = 4, 
     if not structured:
         source = parse_source(s.call("read_file", {"path": path}, f"Reading {path}."))
         editor = Editor(s, path, source)
-    for tier in _tiers(ranked, path)[:max_tiers]:
+    # structured: the policy-side action mask's flow (ratchet.policy.action_mask.narrow), so every
+    # call of these demonstrations is one the mask offers: every tier; an attempt starts only with
+    # room to undo it and submit (5 turns: apply, test, undo x2, submit), since after a failed test
+    # the mask offers only the undo, and the give-up submit comes on the clean file
+    stop_proposing, stop_trying = (5, 4) if structured else (3, 2)
+    for tier in _tiers(ranked, path)[:None if structured else max_tiers]:
         cands = []
         for line in tier:
-            if s.done or s.turns_left <= 3:
+            if s.done or s.turns_left <= stop_proposing:
                 break
             got = parse_candidates(s.call("propose_edits", {"path": path, "line": line},
                                           "" if structured else f"Quick fixes for line {line}?"))
             if got:
                 cands.append((line, got))
         for line, index, desc in ranked_candidates([cands], prior):
-            if s.attempts >= k or s.done or s.turns_left <= 2:
+            if s.attempts >= k or s.done or s.turns_left <= stop_trying:
                 return _done(s, NO_FIX)
             s.attempts += 1
             applied = _apply(s, editor, path, line, index, desc, structured)
@@ -260,8 +265,6 @@ def _undo(s: Session, editor, path, line, applied, structured) -> bool:
     (the operator tables are symmetric), i.e. the candidate whose line reads as before."""
     if not structured:
         return editor.revert()
-    if s.turns_left <= 4:
-        return False
     want = s.notes.get("_lines", {}).get(line)
     if want is None:
         return False

@@ -62,16 +62,17 @@ def test_narrowing_follows_the_observations(trajectories, tools):
     before = {x["function"]["name"] for x in narrow(msgs[:loc], tools)}
     assert before == {"localize"}                                  # nothing is known yet
     after = {x["function"]["name"]: x["function"]["parameters"]["properties"] for x in narrow(msgs[:loc + 1], tools)}
-    assert after["propose_edits"]["line"]["enum"] == sorted({ln for _, ln, _ in parse_localize(msgs[loc]["content"])})
+    ranked = [ln for _, ln, _ in parse_localize(msgs[loc]["content"])]
+    assert after["propose_edits"]["line"]["enum"] == list(dict.fromkeys(ranked))    # in SBFL rank order
     assert "apply_edit" not in after and "localize" not in after and "submit" not in after
     offered = {x["function"]["name"]: x for x in narrow(msgs[:prop + 1], tools)}
     idx = offered["apply_edit"]["function"]["parameters"]["properties"]["index"]
-    assert (idx["minimum"], idx["maximum"]) == (0, len(parse_candidates(msgs[prop]["content"])) - 1)
+    assert idx["enum"] == list(range(len(parse_candidates(msgs[prop]["content"]))))
     st = episode_state(msgs[:prop + 1])
-    assert list(st["valid"].values()) == [idx["maximum"] + 1] and st["clean"] and st["tested"]
+    assert list(st["valid"].values()) == [len(idx["enum"])] and st["clean"] and st["tested"]
     app = next(i for i, m in enumerate(msgs) if m.get("name") == "apply_edit" and m["role"] == "tool")
     offered = {x["function"]["name"] for x in narrow(msgs[:app + 1], tools)}
-    assert {"run_tests", "submit"} <= offered and "localize" not in offered     # test or submit the edit
+    assert offered == {"run_tests"}                # an attempt is tested before anything else
 
 
 def test_random_model_under_the_mask_stays_inside_it(trajectories, tools, tokenizer, tiny_model):
@@ -126,3 +127,69 @@ def test_the_structured_agents_calls_lie_inside_the_mask(tools):
                 checked += 1
         undone += names.count("apply_edit") > 1
     assert checked > 30 and undone >= 1
+
+
+def _structured_runs(n_tasks: int, k: int = 4):
+    from sandboxes.agents import fit_prior, run_agent
+    from sandboxes.humaneval import build_suite
+
+    suite = sorted(build_suite(seed=0, limit=8).tasks, key=lambda b: b.task_id)
+    prior = fit_prior(suite[:20])
+    return [run_agent("structured", b, seed=0, prior=prior, max_turns=14, k=k) for b in suite[20:20 + n_tasks]]
+
+
+def _offered(msgs, tools) -> dict:
+    return {x["function"]["name"]: x["function"]["parameters"] for x in narrow(msgs, tools)}
+
+
+def test_attempt_structure_undoes_a_failed_attempt_and_submits_a_passing_one(tools):
+    """After an attempt's tests fail the mask offers only the undo (propose_edits on that line,
+    then apply_edit of the candidate that restores it, found from the observations); after the
+    tests pass, only submit; a failed candidate is never offered again on the clean file."""
+    from sandboxes.agents.prior import localized_code
+    from sandboxes.observations import parse_applied, parse_candidates, tests_all_passed
+
+    failed, passed = 0, 0
+    for run in _structured_runs(6):
+        msgs = run.messages
+        tool_msgs = [i for i, m in enumerate(msgs) if m["role"] == "tool"]
+        for j, i in enumerate(tool_msgs):
+            if msgs[i]["name"] != "run_tests" or j == 0 or msgs[tool_msgs[j - 1]]["name"] != "apply_edit":
+                continue
+            a = parse_applied(msgs[tool_msgs[j - 1]]["content"])
+            after = _offered(msgs[:i + 1], tools)
+            if tests_all_passed(msgs[i]["content"]):
+                assert list(after) == ["submit"] and after["submit"]["properties"]["explanation"]["enum"][0] \
+                    .startswith(f"Fixed {a.path} line {a.line}:")
+                passed += 1
+                continue
+            assert list(after) == ["propose_edits"]
+            assert after["propose_edits"]["properties"]["line"]["enum"] == [a.line]
+            if len(tool_msgs) <= j + 2 or msgs[tool_msgs[j + 1]]["name"] != "propose_edits":
+                continue                                   # the turn limit came first
+            listing = tool_msgs[j + 1]
+            undo = _offered(msgs[:listing + 1], tools)
+            assert list(undo) == ["apply_edit"]
+            (index,) = undo["apply_edit"]["properties"]["index"]["enum"]
+            restored = dict(parse_candidates(msgs[listing]["content"]))[index]
+            loc = next(m["content"] for m in msgs if m.get("name") == "localize" and m["role"] == "tool")
+            assert restored.split(": `", 1)[-1][:-1] == localized_code(loc)[a.line]     # the line as it was
+            if len(tool_msgs) > j + 2:
+                st = episode_state(msgs[:tool_msgs[j + 2] + 1])
+                assert st["clean"] and st["pending"] is None and (a.path, a.line, a.index) in st["tried"]
+                again = _offered(msgs[:tool_msgs[j + 2] + 1], tools).get("apply_edit")
+                branches = (again or {}).get("anyOf", [again] if again else [])
+                assert not any(b["properties"]["line"]["enum"] == [a.line] and a.index in b["properties"]["index"]["enum"]
+                               for b in branches)
+            failed += 1
+    assert failed >= 1 and passed >= 1
+
+
+def test_undo_index_reads_the_inverse_from_the_descriptions():
+    from ratchet.policy.action_mask import undo_index
+
+    cands = [(0, "replace `<` with `>` at column 7 (comparison): `if a > b:`"),
+             (1, "replace `<` with `<=` at column 7 (comparison): `if a <= b:`"),
+             (2, "remove `not` at column 3: `if a < b:`")]
+    assert undo_index(cands, "if a < b:") == 2
+    assert undo_index(cands, "if a == b:") is None and undo_index(cands, None) is None

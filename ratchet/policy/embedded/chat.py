@@ -80,6 +80,51 @@ def _text(content: Any) -> str:
     return "".join(p.get("text", "") for p in content if isinstance(p, dict))
 
 
+# The policy's view of the structured tools' observations (a rendering, policy side: the env's
+# text is unchanged). Why: the byte-level BPE splits `solution.py:12` into `:` `12` and `[3]` into
+# `[` `3` `]`, but the call the policy writes holds ` 12` and ` 3` (`"line": 12`): other tokens, so
+# "take the first-ranked line" meant learning a token-to-token map per number. With a space the
+# observation holds the very token the call needs. Candidate rows are compacted to their kind
+# (`sandboxes.agents.prior.kind_key`, a parse of the description) and the edit, first on the row:
+# a 60-120 character row becomes ~30, so more of a list survives the clip and the kind the choice
+# depends on sits right after the index.
+_LOC_ROW = re.compile(r"^(\s*\d+\.\s+)(.+?):(\d+)\s+score=(\S+)\s+\| ?(.*)$")
+_CAND_HEAD = re.compile(r"^(candidates for|no candidate edits for) (.+?):(\d+)(:?)$")
+_CAND_ROW = re.compile(r"^\[(\d+)\] (.*)$")
+_APPLIED = re.compile(r"^applied \[(\d+)\] to (.+?):(\d+): (.*)$")
+_EDIT = re.compile(r"^replace `(.+?)` with `(.+?)`")
+_COLUMN = re.compile(r" at column \d+")
+
+
+def compact_candidate(description: str) -> str:
+    """`replace `>` with `>=` at column 9 (comparison): `...`` -> `comparison_swap `>` -> `>=``."""
+    from sandboxes.agents.prior import kind_key
+
+    head = _COLUMN.sub("", description.split(": `", 1)[0]).strip()
+    kind = kind_key(description)
+    m = _EDIT.match(head)
+    if m:
+        return f"{kind} `{m.group(1)}` -> `{m.group(2)}`"
+    return f"{kind}: {head}"
+
+
+def policy_view(text: str) -> str:
+    """A tool observation as the embedded policy reads it (see above); other text unchanged."""
+    out = []
+    for row in text.split("\n"):
+        m = _LOC_ROW.match(row)
+        if m:
+            row = f"{m.group(1)}{m.group(2)}: {m.group(3)} score={m.group(4)} | {m.group(5)}"
+        elif (m := _CAND_HEAD.match(row)):
+            row = f"{m.group(1)} {m.group(2)}: {m.group(3)}{m.group(4)}"
+        elif (m := _CAND_ROW.match(row)):
+            row = f"[ {m.group(1)}] {compact_candidate(m.group(2))}"
+        elif (m := _APPLIED.match(row)):
+            row = f"applied [ {m.group(1)}] to {m.group(2)}: {m.group(3)}: {m.group(4)}"
+        out.append(row)
+    return "\n".join(out)
+
+
 def clip(text: str, limit: int | None = MAX_TOOL_CHARS) -> str:
     return text if limit is None or len(text) <= limit else text[:limit] + CLIP_MARK
 
@@ -135,7 +180,7 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
                 msg["token_ids"] = list(m["token_ids"])
             out.append(msg)
         elif role == "tool":
-            out.append({"role": "tool", "content": clip(_text(m.get("content")), max_tool_chars)})
+            out.append({"role": "tool", "content": clip(policy_view(_text(m.get("content"))), max_tool_chars)})
         else:
             out.append({"role": role, "content": _text(m.get("content"))})
     return out
