@@ -9,8 +9,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ratchet.evaluation import judge_calibration as jc
-from sandboxes.verifiers.judge import (JudgeError, KeywordRubricJudge, OpenAIJudge, RubricJudge, RubricJudgeV2,
-                                       make_judge)
+from sandboxes.verifiers.judge import (
+    JudgeError,
+    KeywordRubricJudge,
+    OpenAIJudge,
+    RubricJudge,
+    RubricJudgeV2,
+    make_judge,
+)
 
 pytestmark = pytest.mark.evaluation
 

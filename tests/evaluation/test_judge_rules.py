@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 from ratchet.evaluation import judge_calibration as jc
-from sandboxes.verifiers.judge import (KeywordRubricJudge, RubricJudge, RubricJudgeV2, make_judge, v3_lines,
-                                       v3_quotes)
+from sandboxes.verifiers.judge import (
+    KeywordRubricJudge,
+    RubricJudge,
+    RubricJudgeV2,
+    make_judge,
+    v3_lines,
+    v3_quotes,
+)
 
 pytestmark = pytest.mark.evaluation
 CSV = Path(__file__).with_name("fixtures") / "human_labels.csv"
@@ -68,7 +74,7 @@ def test_credits_the_fix_stated_in_natural_forms(suite_tasks):
 def test_refuses_what_a_reward_optimiser_would_try(suite_tasks):
     v2_fooled = 0
     for b in suite_tasks:
-        rc, lines, raw, fixed = _truth(b)
+        rc, _, raw, fixed = _truth(b)
         fn, n, code = rc["function"], rc["line"], raw.strip()
         body = _fn_body(b)
         toks = re.findall(r"\w+|[^\w\s]+", code)
