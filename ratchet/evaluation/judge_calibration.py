@@ -27,7 +27,8 @@ Gold labels, two sources:
   label (1/0, yes/no, true/false), optional rater; several raters of one item -> the majority.
 
 The calibrated verdict is the judge's root-cause call (`judge_label`): the rubric judge's
-`criteria["root_cause_identified"]`, an LLM judge's root_cause score >= 0.5, else score >= 0.5.
+`criteria["root_cause_identified"]`, an LLM judge's root_cause score above 0.5 (its rubric's 0.5
+is "located, cause vague": not identified), else score >= 0.5.
 Status: kappa >= 0.80 "ok"; 0.78 <= kappa < 0.80 "blocked" (promotion requires >= 0.80);
 kappa < 0.78 "drift" (the drift alert fires, and promotion is blocked too).
 """
@@ -393,7 +394,7 @@ def judge_label(result) -> int:
     if "root_cause_identified" in c:
         return int(bool(c["root_cause_identified"]))
     if "root_cause" in c:
-        return int(float(c["root_cause"]) >= 0.5)
+        return int(float(c["root_cause"]) > 0.5)     # the LLM rubric's 0.5 = located, cause vague
     return int(result.score >= 0.5)
 
 

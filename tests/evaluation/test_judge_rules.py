@@ -232,3 +232,11 @@ def test_random_explanations_rule_and_judge_agree_and_hedges_never_pay(suite_tas
                 alt_quoted = [a for a in alts if f"`{a}`" in text or f"'{a}'" in text or f'"{a}"' in text]
                 assert all(any(a.replace(" ", "") in l.replace(" ", "") for l in lines) for a in alt_quoted), text
     assert credited > 50             # the fuzz reaches credited explanations too
+
+
+def test_an_llm_judges_half_credit_is_not_identified():
+    """The LLM rubric's root_cause 0.5 means "located, cause vague": the gold rule's 0."""
+    from sandboxes.verifiers.judge import JudgeResult
+
+    assert [jc.judge_label(JudgeResult(0.5, "", {"root_cause": x, "maintainability": 1.0}))
+            for x in (0.0, 0.5, 0.75, 1.0)] == [0, 0, 1, 1]
