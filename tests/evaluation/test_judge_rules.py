@@ -113,12 +113,15 @@ def test_refuses_what_a_reward_optimiser_would_try(suite_tasks):
 
 
 def test_v2_line_list_loophole_is_closed(suite_tasks):
-    b = suite_tasks[0]
+    b = next(t for t in suite_tasks if t.metadata["root_cause"]["operator"] == "bool_swap")
     rc, _, raw, fixed = _truth(b)
     n = rc["line"]
     text = f"`{rc['function']}` line {n}, {n + 1}, {n + 2}, {n + 3}: `{raw.strip()}` -> `{fixed.strip()}`"
     assert v3_lines(text) == {n, n + 1, n + 2, n + 3}
     assert _both(b, text) == (0, 0)
+    tokens = f"`{rc['function']}` line {n - 1}, {n}, {n + 1}, {n + 2}: `{rc['mutated']}` -> `{rc['original']}`"
+    assert RubricJudgeV2().judge(b, tokens, "").criteria["root_cause_identified"]   # v2 read "16, 17" only
+    assert _both(b, tokens) == (0, 0)
 
 
 def test_quote_and_line_parsing():
