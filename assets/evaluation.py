@@ -48,12 +48,20 @@ class HoldoutEvalConfig(dg.Config):
     manifest_path: Optional[str] = None   # default RATCHET_HOME/holdout_manifest.json
     workers: Optional[int] = None         # episodes at once; default: the machine's cores
     task_limit: Optional[int] = None      # first N holdout tasks by id (quick runs; recorded in metadata)
-    judge: str = "rubric"                 # "rubric" | "rubric-v1" | "openai"
+    judge: str = "rubric"                 # "rubric" (rubric-v3) | "rubric-v2" | "rubric-v1" | "openai"
     judge_base_url: Optional[str] = None  # for judge = "openai"
     judge_model: Optional[str] = None
     rate_card_path: Optional[str] = None  # YAML (ratchet.evaluation.economics.RateCard); default card
     policy_kwargs_json: str = "{}"        # engine arguments, e.g. {"path": "<checkpoint>"} or {"k": 4}
     retry_infra: bool = False             # re-run episodes whose stored row is an infra failure
+
+
+def _judge_name(config) -> str:
+    """The judge that graded the episodes, resolved ("rubric" -> "rubric-v3"): a later default
+    change must not make old metadata read as the new judge."""
+    from sandboxes.verifiers.judge import make_judge
+
+    return make_judge(judge_config(config.judge, config.judge_base_url, config.judge_model)).name
 
 
 def judge_config(kind: str, base_url: Optional[str], model: Optional[str]) -> dict:
@@ -98,7 +106,7 @@ def holdout_eval(context: dg.AssetExecutionContext, config: HoldoutEvalConfig,
         "pass_rate": dg.MetadataValue.float(res["pass_rate"]) if res["pass_rate"] is not None else "not computable",
         "denominator": res["display"], "ran": res["ran"], "resumed_skipped": res["skipped"],
         "wall_s": round(res["wall_s"], 1), "workers": res["workers"], "holdout_sha256": res["holdout_sha256"],
-        "task_limit": config.task_limit or 0, "eval_run_id": res["eval_run_id"], "judge": config.judge,
+        "task_limit": config.task_limit or 0, "eval_run_id": res["eval_run_id"], "judge": _judge_name(config),
         "dagster/row_count": res["episodes"]})
 
 
@@ -131,7 +139,7 @@ def eval_summary(context: dg.AssetExecutionContext, config: SummaryConfig,
 
 
 class JudgeCalibrationConfig(dg.Config):
-    judge: str = "rubric"                 # "rubric" | "rubric-v1" | "openai"
+    judge: str = "rubric"                 # "rubric" (rubric-v3) | "rubric-v2" | "rubric-v1" | "openai"
     judge_base_url: Optional[str] = None
     judge_model: Optional[str] = None
     human_labels_csv: Optional[str] = None   # task_id, explanation, label[, diff, rater, source]

@@ -46,9 +46,14 @@ def target_of(bundle) -> Target:
         raise NotApplicable("the task names no file under test (metadata.root_cause.file)")
     tests = tuple(sorted({t.split("::", 1)[0] for t in (*bundle.fail_to_pass, *bundle.pass_to_pass)}))
     line = rc.get("line")
+    old, new = rc.get("mutated"), rc.get("original")
+    if old and not (old.strip() and (new or "").strip()) and rc.get("line_text") and old.strip() in rc["line_text"]:
+        # a token that appears or vanishes (`not `) reads as nothing when quoted alone: quote the
+        # line and its fixed form, as an engineer would (rubric-v3 credits that, not "`not ` -> ``")
+        text = rc["line_text"]
+        old, new = text, text.replace(old.strip() + " ", (new or "").strip(), 1).replace("  ", " ").strip()
     expl = (f"The bug is in `{fn}` in {path}" + (f" on line {line}" if line else "") +
-            (f": `{rc['mutated']}` should be `{rc['original']}` ({rc.get('family', 'operator')} error)."
-             if rc.get("mutated") else "."))
+            (f": `{old}` should be `{new}` ({rc.get('family', 'operator')} error)." if old else "."))
     return Target(path, fn or "", tests, expl)
 
 
