@@ -50,12 +50,27 @@ def ddl(name: str) -> str:
     return duck_ddl(name, table_schema(name))
 
 
+def add_missing_columns(con, name: str) -> list[str]:
+    """ALTER TABLE ADD the declared columns an older warehouse's table lacks (appended, NULL in
+    old rows; writes go BY NAME): a column added to a layer's schema reaches existing homes."""
+    from ratchet.contract.ddl import duck_column_type
+
+    have = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ?",
+                                      [name]).fetchall()}
+    added = [f for f in table_schema(name) if f.name not in have]
+    for f in added:
+        con.execute(f'ALTER TABLE {name} ADD COLUMN IF NOT EXISTS "{f.name}" {duck_column_type(f)}')
+    return [f.name for f in added]
+
+
 def ensure_all(con) -> None:
-    """CREATE TABLE IF NOT EXISTS every declared table, then (re)create the views."""
+    """CREATE TABLE IF NOT EXISTS every declared table (adding columns declared since it was
+    created), then (re)create the views."""
     layers = _layers()
     for layer in layers:
         for name in layer.SCHEMAS:
             con.execute(ddl(name))
+            add_missing_columns(con, name)
         for sql in getattr(layer, "INDEXES", {}).values():
             con.execute(sql)
     for layer in layers:

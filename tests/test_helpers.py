@@ -79,3 +79,22 @@ def test_split_summary_md_is_a_md_table():
         "| slice | train | val | holdout | excluded_contaminated |\n|---|---|---|---|---|\n"
         "| (none) | 0 | 0 | 1 | 0 |\n| op | 1 | 0 | 0 | 0 |\n"
         "| **all tasks** | 1 | 0 | 1 | 0 |\n| *trajectories* | 1 | 0 | 0 | 0 |")
+
+
+def test_a_column_declared_later_reaches_an_existing_warehouse():
+    """eval_episodes gained judge_id: a warehouse created before it gets the column (NULL in old
+    rows) when the schema is ensured, and writes (BY NAME) work on it."""
+    import duckdb
+
+    from ratchet.evaluation import tables as ev
+
+    con = duckdb.connect()
+    old = pa.schema([f for f in ev.EVAL_EPISODES if f.name != "judge_id"])
+    con.execute(duck_ddl("eval_episodes", old))
+    con.execute("INSERT INTO eval_episodes (eval_id, policy_id) VALUES ('old', 'harness:sbfl')")
+    ev.ensure(con)
+    assert con.execute("SELECT judge_id FROM eval_episodes WHERE eval_id = 'old'").fetchall() == [(None,)]
+    ev.write_episodes(con, [{"eval_id": "new", "policy_id": "harness:sbfl", "judge_id": "rubric-v3"}])
+    assert con.execute("SELECT eval_id, judge_id FROM eval_episodes ORDER BY 1").fetchall() == [
+        ("new", "rubric-v3"), ("old", None)]
+    assert tables.add_missing_columns(con, "eval_episodes") == []      # idempotent

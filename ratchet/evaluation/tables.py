@@ -31,7 +31,8 @@ EVAL_EPISODES = _schema(
     ("reward_judge", F), ("hard_gate_violations", I), ("hard_gates", pa.list_(S)),
     ("human_intervention", B), ("turns", I), ("tool_calls", I), ("tokens_in", I), ("tokens_out", I),
     ("latency_s", F), ("sandbox_s", F), ("policy_s", F), ("cost_usd", F), ("environment_id", S),
-    ("environment_digest", S), ("holdout_sha256", S), ("started_at", TS), ("finished_at", TS), ("error", S))
+    ("environment_digest", S), ("holdout_sha256", S), ("started_at", TS), ("finished_at", TS), ("error", S),
+    ("judge_id", S))        # who graded R_judge (rubric-v3, openai:<model>); NULL in rows from before it was kept
 
 # Columns that may differ between two runs of the same checkpoint + seed + digest (timing, cost
 # priced by time, and the run they belong to); every other column must be identical.
@@ -80,8 +81,11 @@ def ensure(con) -> None:
     """Create the evaluation tables and views (idempotent)."""
     from ratchet.tables import ddl
 
+    from ratchet.tables import add_missing_columns
+
     for name in TABLES:
         con.execute(ddl(name))
+        add_missing_columns(con, name)
     for name, sql in VIEWS.items():
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
 

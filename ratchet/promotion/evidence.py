@@ -50,9 +50,10 @@ def eval_rows(con, policy_id: str, checkpoint_version: str, *, eval_run_id: str 
               task_digests: Mapping[str, str] | None = None) -> list[dict]:
     """One row per eval_id of a policy x checkpoint under one holdout (the given one, else that of
     its newest episode). Environment digests are per task: `environment_digest` keeps one digest,
-    `task_digests` (task -> digest, e.g. the candidate's) keeps each task's given digest, and by
-    default each task keeps the digest of its newest episode (an older evaluation of the task
-    under another environment is not mixed in). A retried episode keeps its newest row."""
+    `task_digests` (task -> digest, or -> `grading(row)` = (digest, judge), e.g. the candidate's)
+    keeps each task's given digest (and judge), and by default each task keeps the digest and
+    judge of its newest episode (an older evaluation of the task under another environment or
+    judge is not mixed in). A retried episode keeps its newest row."""
     where, params = ["policy_id = ?", "coalesce(checkpoint_version, '') = ?"], [policy_id, checkpoint_version or ""]
     if eval_run_id:
         where.append("list_contains(string_split(?, ','), eval_run_id)")
@@ -71,11 +72,22 @@ def eval_rows(con, policy_id: str, checkpoint_version: str, *, eval_run_id: str 
     if environment_digest is not None:
         return [r for r in rows if r["environment_digest"] == environment_digest]
     if task_digests is not None:
-        return [r for r in rows if task_digests.get(r["task_id"]) == r["environment_digest"]]
-    newest_digest: dict = {}
+        return [r for r in rows if _matches(task_digests.get(r["task_id"]), r)]
+    newest: dict = {}
     for r in sorted(rows, key=lambda r: (r["finished_at"] is not None, r["finished_at"] or 0)):
-        newest_digest[r["task_id"]] = r["environment_digest"]
-    return [r for r in rows if newest_digest[r["task_id"]] == r["environment_digest"]]
+        newest[r["task_id"]] = grading(r)
+    return [r for r in rows if newest[r["task_id"]] == grading(r)]
+
+
+def grading(row: Mapping) -> tuple[str, str]:
+    """What a row's reward was measured under: (environment digest, judge). Rows of one task under
+    another judge are another evaluation (the reward differs), like rows under another digest."""
+    return row.get("environment_digest"), row.get("judge_id") or ""
+
+
+def _matches(want, row: Mapping) -> bool:
+    # task_digests values: a digest (any judge) or a (digest, judge) pair from `grading`
+    return want == (grading(row) if isinstance(want, tuple) else row["environment_digest"])
 
 
 def incomplete(candidate_rows: list[dict], champion_rows: list[dict], min_seeds: int) -> str | None:

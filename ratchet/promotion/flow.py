@@ -59,7 +59,7 @@ def read_inputs(con, *, baseline: tuple[str, str], now: datetime, candidate: tup
         raise E.MissingEvaluation(f"no eval_episodes rows for candidate {label(cand)}"
                                   + (f" in eval runs {eval_run_id}" if eval_run_id else ""))
     champ_rows = E.eval_rows(con, champ["policy_id"], champ["checkpoint_version"],
-                             task_digests={r["task_id"]: r["environment_digest"] for r in cand_rows},
+                             task_digests={r["task_id"]: E.grading(r) for r in cand_rows},
                              holdout_sha256=cand_rows[0]["holdout_sha256"])
     return Inputs(cand, champ, cand_rows, champ_rows, E.gather(con, cand, now, checkpoint_id),
                   waiting=E.incomplete(cand_rows, champ_rows, min_seeds))

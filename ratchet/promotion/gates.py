@@ -154,6 +154,13 @@ def _r(x: float | None, nd: int = 4):
 
 
 # ----------------------------------------------------------------------------- the gates
+def _task_judges(rows) -> dict[str, set]:
+    out: dict[str, set] = defaultdict(set)
+    for r in rows:
+        out[str(r["task_id"])].add(r.get("judge_id") or "")     # NULL: a row from before judge ids were kept
+    return out
+
+
 def _task_digests(rows) -> dict[str, set]:
     out: dict[str, set] = defaultdict(set)
     for r in rows:
@@ -178,6 +185,15 @@ def gate_comparable(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) -> tuple[bo
         if given is not None and s.digests != {given}:
             return False, f"{side} evidence digest {given} differs from its rows' {sorted(map(str, s.digests))}", nums
     common = sorted(c.tasks & k.tasks)
+    judges = {side: _task_judges(s.rows) for side, s in (("candidate", c), ("champion", k))}
+    mixed = [(side, t) for side, j in judges.items() for t, v in sorted(j.items()) if len(v) != 1]
+    jdiff = [t for t in common if judges["candidate"][t] != judges["champion"][t]]
+    nums["tasks_judge_differs"] = len(jdiff)
+    if mixed or jdiff:
+        side, t = mixed[0] if mixed else ("champion", jdiff[0])
+        return False, (f"not comparable: {side} rows of task {t} were graded by judge(s) "
+                       f"{sorted(judges[side][t])} against the candidate's {sorted(judges['candidate'][t])} "
+                       f"({len(jdiff)} of {len(common)} tasks differ): evaluate both under one judge"), nums
     differ = [t for t in common if per["candidate"][t] != per["champion"][t]]
     nums["tasks_compared"], nums["tasks_digest_differs"] = len(common), len(differ)
     if differ:

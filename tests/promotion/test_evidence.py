@@ -115,3 +115,32 @@ def test_per_task_environment_digests_compare_every_task(con):
     rep2 = evaluate_gates(cand, [r for r in champ if r["task_id"] != T[0]["task_id"]] + moved, inp.evidence,
                           GatePolicy(slice_columns=("slice",)))
     assert not rep2.gate("comparable").passed and "differs on 1 of 8 tasks" in rep2.gate("comparable").reason
+
+
+def test_rows_graded_by_another_judge_are_another_evaluation(con):
+    """R_judge is part of the reward: a champion graded by an older judge (rubric-v2) is not
+    compared with a candidate graded by rubric-v3. The champion's rows under the candidate's judge
+    are read when they exist (a cycle re-evaluates it), and the gate refuses otherwise."""
+    from ratchet.evaluation.tables import write_episodes
+    from ratchet.promotion.flow import read_inputs
+    from ratchet.promotion.gates import GatePolicy, evaluate_gates
+
+    T = tasks(6)
+    judged = lambda rows, j, dt=0: [dict(r, judge_id=j, eval_id=r["eval_id"] + j,  # noqa: E731
+                                         finished_at=r["finished_at"] + timedelta(minutes=dt)) for r in rows]
+    cand = judged(episodes(T, "embedded:rl", checkpoint_version="1", p_shift=0.3), "rubric-v3")
+    old_champ = judged(episodes(T, "harness:sbfl"), "rubric-v2")
+    write_episodes(con, cand)
+    write_episodes(con, old_champ)
+    inp = read_inputs(con, baseline=("harness:sbfl", ""), now=NOW)
+    rep = evaluate_gates(inp.candidate_rows, inp.champion_rows, inp.evidence, GatePolicy(slice_columns=("slice",)))
+    assert inp.champion_rows == []             # nothing graded by the candidate's judge yet
+    assert not rep.gate("comparable").passed
+    mixed = evaluate_gates(cand, old_champ, inp.evidence, GatePolicy(slice_columns=("slice",)))
+    assert not mixed.gate("comparable").passed and "judge" in mixed.gate("comparable").reason
+    assert mixed.gate("comparable").numbers["tasks_judge_differs"] == 6
+    write_episodes(con, judged(episodes(T, "harness:sbfl"), "rubric-v3", dt=5))    # the champion re-evaluated
+    inp = read_inputs(con, baseline=("harness:sbfl", ""), now=NOW)
+    assert len(inp.champion_rows) == 6 * 3 and {r["judge_id"] for r in inp.champion_rows} == {"rubric-v3"}
+    rep = evaluate_gates(inp.candidate_rows, inp.champion_rows, inp.evidence, GatePolicy(slice_columns=("slice",)))
+    assert rep.gate("comparable").passed, rep.gate("comparable").reason
