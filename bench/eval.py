@@ -204,6 +204,11 @@ def main(argv=None) -> dict:
         by_id = {r["eval_id"]: _repro(r) for r in rows}
         same = sum(by_id.get(r["eval_id"]) == _repro(r) for r in bres.rows)
         same_batched = sum(by_id.get(r["eval_id"]) == _repro(r) for r in pres.rows)
+        # what differs where a sampled row is not the full run's (column: [full run, one at a time])
+        diffs = [{"task_id": r["task_id"], "seed": r["seed"],
+                  **{k: [by_id[r["eval_id"]][k], v] for k, v in _repro(r).items()
+                     if k in by_id.get(r["eval_id"], {}) and by_id[r["eval_id"]][k] != v}}
+                 for r in bres.rows if by_id.get(r["eval_id"]) != _repro(r)]
         base_full = bwall / len(bres.rows) * full
         out.update({
             "policy_note": "embedded learned policy, batched path (chunks through run_episodes)",
@@ -225,7 +230,8 @@ def main(argv=None) -> dict:
             "baseline_wall_s_400x3": round(base_full, 1), "baseline_wall_s_400x3_extrapolated": True,
             "ratio": round(base_full / wall_full, 2), "subset_ratio": round(bwall / pwall, 2) if pwall else None,
             "sample_rows_identical": f"{same} / {len(bres.rows)}",
-            "sample_batched_rows_identical": f"{same_batched} / {len(pres.rows)}"})
+            "sample_batched_rows_identical": f"{same_batched} / {len(pres.rows)}",
+            "sample_row_differences": diffs[:5]})
     else:
         work = sum(r["policy_s"] + r["sandbox_s"] for r in rows)
         in_episode = sum(r["latency_s"] for r in rows)
@@ -242,6 +248,7 @@ def main(argv=None) -> dict:
             "baseline_wall_s_400x3_derived": True, "ratio": round(speedup, 2) if speedup else None})
     out.update({
         "passed_episodes": passed, "infra_failures": infra,
+        "infra_errors": sorted({(r["error"] or "")[:160] for r in rows if r["outcome"] == "infra_failure"})[:3],
         "turns_per_episode": _mean(r["turns"] for r in rows),
         "tool_calls_per_episode": _mean(r["tool_calls"] for r in rows),
         "tokens_out_per_episode": _mean(r["tokens_out"] for r in rows),

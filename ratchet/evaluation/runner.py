@@ -67,10 +67,14 @@ def holdout_plan(con, manifest_path: str | Path, *, task_limit: int | None = Non
 
 # ------------------------------------------------------------------------------- workers
 _RUNTIME = None
-# Batched policies: episodes per pool job, and how many of them are open at once (the batch the
-# model decodes). A kill loses at most `workers` chunks; measured in bench/eval.py --policy embedded.
-CHUNK = 32
-CONCURRENCY = 16
+# Batched policies: episodes per pool job, and how many of them are open at once (the most rows
+# one generate call decodes). A kill loses at most `workers` chunks. Concurrency 4: 16 episodes of
+# the trained embedded checkpoint (8 holdout tasks x 2 seeds, greedy, one process, load ~4) took
+# 55.6 s one at a time, 49.3 s at 4, 75.9 s at 8, 77-98 s at 16: the engine pads every row of a
+# batched prefill to the longest cached context, which outgrows the decode savings past 4
+# (docs/evaluation.md, Performance).
+CHUNK = 16
+CONCURRENCY = 4
 
 
 def _init_worker() -> None:

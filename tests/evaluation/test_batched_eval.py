@@ -76,11 +76,10 @@ def test_batched_chunks_give_the_rows_of_one_at_a_time(holdout, tiny_checkpoint)
         plan = holdout_plan(con, path)
     kw = _kw(tiny_checkpoint)
     one = evaluate(plan, POLICY, "", seeds=[0, 1], workers=1, policy_kwargs=kw, batched=False)
-    # the batched path in a spawn pool: two workers, default chunking (4 episodes each, all open)
-    many = evaluate(plan, POLICY, "", seeds=[0, 1], workers=2, policy_kwargs=kw)
-    assert not one.batched and many.batched and many.workers == 2 and many.chunk == 4
-    assert one.planned == many.planned == 8 and many.timing["chunks"] == 2
-    assert _key(one.rows) == _key(many.rows)
+    many = evaluate(plan, POLICY, "", seeds=[0, 1], workers=1, policy_kwargs=kw, chunk=8, concurrency=8)
+    assert not one.batched and many.batched and many.chunk == 8 and many.timing["chunks"] == 1
+    assert one.planned == many.planned == 8
+    assert _key(one.rows) == _key(many.rows)       # (the spawn pool's rows: the resume test below)
     # the episodes are not trivial copies: the seed changes what a task's episode does
     by = {(r["task_id"], r["seed"]): (r["turns"], r["tool_calls"], r["tokens_out"]) for r in many.rows}
     assert any(by[(t.task_id, 0)] != by[(t.task_id, 1)] for t in plan.bundles)
@@ -124,9 +123,15 @@ def test_chunks_stream_and_a_killed_run_resumes_without_redoing_them(holdout, ti
         plan = holdout_plan(con, path, task_limit=2)
     assert len(before) == 2                             # the first chunk, whole
     done, sink = warehouse_sink(wh)
-    run = evaluate(plan, POLICY, "", seeds=[0, 1, 2], done=done, sink=sink, workers=1, chunk=2,
+    # resumed in a spawn pool (two workers, a chunk of 2 each): the rows of the one-at-a-time path
+    run = evaluate(plan, POLICY, "", seeds=[0, 1, 2], done=done, sink=sink, workers=2,
                    policy_kwargs=_kw(tiny_checkpoint))
-    assert run.batched and run.skipped == 2 and len(run.rows) == 4 and run.timing["chunks"] == 2
+    assert run.batched and run.workers == 2 and run.skipped == 2 and len(run.rows) == 4
+    assert run.chunk == 2 and run.timing["chunks"] == 2 and run.timing["requests"] > run.timing["calls"]
+    todo = {r["eval_id"] for r in run.rows}
+    alone = evaluate(plan, POLICY, "", seeds=[0, 1, 2], workers=1, policy_kwargs=_kw(tiny_checkpoint), batched=False,
+                     done=lambda ids: set(ids) - todo)
+    assert _key(run.rows) == _key(alone.rows)
     with wh.connect() as con:
         after = {r["eval_id"]: r["eval_run_id"] for r in tables.episode_rows(con)}
     assert len(after) == 6 and all(after[k] == v for k, v in before.items())   # finished rows untouched
