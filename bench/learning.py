@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 STRUCT_SIZE = {"quick": dict(problems=16, train_tasks=40, val_tasks=10, sft_epochs=3.0, rl_steps=2,
                              rl_tasks_per_step=2, rl_group_size=4),
-               "default": dict(problems=40, train_tasks=90, val_tasks=60, sft_epochs=4.0, rl_steps=8,
+               "default": dict(problems=40, train_tasks=124, val_tasks=60, sft_epochs=3.0, rl_steps=16,
                                rl_tasks_per_step=2, rl_group_size=8)}
 
 

@@ -27,12 +27,12 @@ from pathlib import Path
 @dataclass(frozen=True)
 class RecipeSettings:
     # the defaults are bench/learning.py's measured run (docs/training.md)
-    sft_epochs: float = 4.0
+    sft_epochs: float = 3.0
     sft_lr: float = 3e-3
     sft_batch: int = 4
     sft_max_steps: int = -1            # > 0 overrides sft_epochs (smoke runs, tests)
     sft_max_length: int = 4096
-    rl_steps: int = 8
+    rl_steps: int = 16
     rl_tasks_per_step: int = 2
     rl_group_size: int = 8
     rl_lr: float = 1e-3              # run 3 of bench/learning.py: +5.0 points over SFT (2e-4: +0.0)
@@ -51,7 +51,7 @@ class RecipeSettings:
     def demo(cls) -> "RecipeSettings":
         """Sized for `make demo`: ~3 CPU-minutes on 2 cores with ~15 trajectories (SFT ~1.7k tokens
         per CPU-second measured; RL ~22-33 CPU s per step of 12-16 episodes), plus sandbox time."""
-        return cls(sft_epochs=4.0, rl_steps=4, rl_tasks_per_step=2, rl_group_size=6)
+        return cls(rl_steps=4, rl_tasks_per_step=2, rl_group_size=6)
 
     def sft(self):
         from ratchet.training.sft import SFTSettings

@@ -212,7 +212,7 @@ def run_prior(env, rng: random.Random | None = None, *, prior=None, k: int = 4, 
     # structured: the policy-side action mask's flow (ratchet.policy.action_mask.narrow), so every
     # call of these demonstrations is one the mask offers: every tier; an attempt starts only with
     # room to undo it and submit (5 turns: apply, test, undo x2, submit), since after a failed test
-    # the mask offers only the undo, and the give-up submit comes on the clean file
+    # the mask offers only the undo, and the give-up submit comes on the clean file, late
     stop_proposing, stop_trying = (5, 4) if structured else (3, 2)
     for tier in _tiers(ranked, path)[:None if structured else max_tiers]:
         cands = []
