@@ -75,13 +75,21 @@ def human_intervention(outcome: str, passed: bool, gates: list, components: dict
             or components.get("judge", 0.0) < JUDGE_THRESHOLD)
 
 
+def judge_id(judge) -> str:
+    """Who grades R_judge: the judge's name; without one, the reward's default (RubricJudge)."""
+    from sandboxes.verifiers.judge import RubricJudge
+
+    return getattr(judge if judge is not None else RubricJudge, "name", None) or type(judge).__name__
+
+
 def episode_row(policy_id: str, checkpoint_version: str, bundle, seed: int, rec, *, eval_run_id: str = "",
                 holdout_sha256: str = "", rate_card=None, error: str | None = None,
-                policy_s: float | None = None) -> dict:
+                policy_s: float | None = None, judge=None) -> dict:
     """The eval_episodes row of one episode record (`ratchet.policy.EpisodeRecord`), or of an
     episode that never ran (`rec` None: an infra failure with `error`). `policy_s`: the episode's
     share of generation time when it was generated in batches with others (see
-    `run_policy_chunk`); default the record's own."""
+    `run_policy_chunk`); default the record's own. `judge`: the judge the episode ran under
+    (`judge_id`)."""
     from datetime import datetime, timezone
 
     from ratchet.evaluation.economics import RateCard, episode_cost
@@ -117,7 +125,7 @@ def episode_row(policy_id: str, checkpoint_version: str, bundle, seed: int, rec,
         "cost_usd": cost, "environment_id": bundle.environment_id,
         "environment_digest": bundle.environment_digest, "holdout_sha256": holdout_sha256,
         "started_at": rec.started_at if rec else now, "finished_at": rec.finished_at if rec else now,
-        "error": err,
+        "error": err, "judge_id": judge_id(judge),
     }
 
 
@@ -136,7 +144,7 @@ def run_policy_episode(policy_id: str, checkpoint_version: str, bundle, seed: in
     except Exception as e:  # noqa: BLE001 - an engine that cannot even start voids the episode
         err = f"{type(e).__name__}: {e}"
     return episode_row(policy_id, checkpoint_version, bundle, seed, rec, eval_run_id=eval_run_id,
-                       holdout_sha256=holdout_sha256, rate_card=rate_card, error=err)
+                       holdout_sha256=holdout_sha256, rate_card=rate_card, error=err, judge=judge)
 
 
 # ------------------------------------------------------------------------- batched episodes
@@ -209,7 +217,7 @@ def run_policy_chunk(policy_id: str, checkpoint_version: str, jobs, *, runtime=N
     except Exception as e:  # noqa: BLE001 - an engine that cannot start (or a runner crash) voids the chunk
         err = f"{type(e).__name__}: {e}"
     rows = [episode_row(policy_id, checkpoint_version, b, s, rec, eval_run_id=eval_run_id,
-                        holdout_sha256=holdout_sha256, rate_card=rate_card, error=err,
+                        holdout_sha256=holdout_sha256, rate_card=rate_card, error=err, judge=judge,
                         policy_s=timed.share.get((b.task_id, int(s)), 0.0) if timed and rec else None)
             for (b, s), rec in zip(jobs, recs)]
     if timed is not None:

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 POLICY = "embedded:tiny"
 SAMPLING = {"temperature": 1.0, "max_tokens": 256}
 COMPARED = ("eval_id", "outcome", "passed", "reward", "reward_tests", "reward_hygiene", "reward_judge",
-            "turns", "tool_calls", "tokens_in", "tokens_out", "hard_gates", "human_intervention", "error")
+            "turns", "tool_calls", "tokens_in", "tokens_out", "hard_gates", "human_intervention", "error", "judge_id")
 
 
 @pytest.fixture

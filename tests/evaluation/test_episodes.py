@@ -29,6 +29,9 @@ def test_row_matches_the_contract_schema(holdout):
     assert row["outcome"] in ("pass", "fail") and row["reward"] is not None
     assert row["turns"] > 0 and row["latency_s"] > row["sandbox_s"] > 0
     assert row["family"] == tasks[0].metadata["root_cause"]["family"]
+    from sandboxes.verifiers.judge import KeywordRubricJudge, RubricJudge
+    assert row["judge_id"] == RubricJudge.name                  # graded by the reward's default judge
+    assert run_policy_episode("harness:sbfl", "", tasks[0], 0, judge=KeywordRubricJudge())["judge_id"] == "rubric-v1"
 
 
 def test_same_checkpoint_seed_digest_gives_identical_rows_across_runs_and_workers(holdout):
