@@ -1,19 +1,21 @@
 """A per-turn action mask for the embedded policy: the tool schemas its grammar is compiled from,
 narrowed to what the episode has observed. Policy side only: the environment's tools, schemas and
 checks are unchanged, and every narrowed call is a valid call of the environment's schema
-(tests/policy/test_action_mask.py checks each one with `sandboxes.tools.check_arguments`).
+(tests/training/test_action_mask.py checks each one with `sandboxes.tools.check_arguments`).
 
     tools = structured_tools(env_tools)                 # the subset the prompt lists
     offered = narrow(messages, tools)                   # this turn's grammar schemas
 
 The structured subset: localize, propose_edits, apply_edit, run_tests, submit, offered in the
 order the flow needs them and narrowed to what was observed (`narrow` lists the rules): which
-line to inspect, which candidate to apply, whether to test, undo or submit stay the policy's
-choices; the files, lines, indices and texts it may name come from the observations. So an
-untrained model is a random-but-valid agent over these choices (close to the random-candidate
-harness), and the grammar spends no tokens on free text. Why: an SFT start trained on ~100 trajectories wrote junk into free string
-arguments (docs/training.md), so every GRPO group was flat; with the mask a random choice of line
-and index hits the fix often enough for groups to hold passes.
+line to inspect and which candidate to apply stay the policy's choices; the files, lines, indices
+and texts it may name come from the observations. An attempt is tested, then submitted if it
+passed or undone by its inverse candidate if it failed (harness rules, the same for every policy).
+So an untrained model is a random-but-valid agent over these choices (close to the
+random-candidate harness), and the grammar spends no tokens on free text. Why: an SFT start
+trained on ~100 trajectories wrote junk into free string arguments (docs/training.md), so every
+GRPO group was flat; with the mask a random choice of line and index hits the fix often enough for
+groups to hold passes.
 """
 from __future__ import annotations
 

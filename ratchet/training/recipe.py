@@ -8,7 +8,9 @@
 
 The recipe that made the embedded policy learn (docs/training.md, bench/learning.py):
 - structured calls only: the policy is offered localize, propose_edits, apply_edit, run_tests and
-  submit, with the per-turn action mask (`ratchet.policy.action_mask`), and no free text;
+  submit, with the per-turn action mask (`ratchet.policy.action_mask`: the flow, the attempt
+  structure that tests every attempt and undoes a failed one), and no free text; observations
+  are rendered in the policy's view (`ratchet.policy.embedded.chat.policy_view`);
 - SFT on the rows whose every call is one of those tools (the structured production agent's
   trajectories); if there are fewer than `min_structured`, on all rows (other calls are then
   masked out of the loss as calls the offered schemas do not allow);
@@ -35,7 +37,7 @@ class RecipeSettings:
     rl_steps: int = 16
     rl_tasks_per_step: int = 2
     rl_group_size: int = 8
-    rl_lr: float = 1e-3              # run 3 of bench/learning.py: +5.0 points over SFT (2e-4: +0.0)
+    rl_lr: float = 1e-3              # bench/learning.py run 3: +5.0 points over SFT (2e-4: +0.0); run 4: +3.3
     rl_beta: float = 0.04
     rl_temperature: float = 1.0
     max_turns: int = 14
