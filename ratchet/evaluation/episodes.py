@@ -49,8 +49,11 @@ def get_policy(policy_id: str, checkpoint_version: str = "", **policy_kwargs):
     return _POLICIES[key]
 
 
-def eval_id(policy_id: str, checkpoint_version: str, task_id: str, seed: int, environment_digest: str) -> str:
-    key = f"{policy_id}|{checkpoint_version}|{task_id}|{int(seed)}|{environment_digest}"
+def eval_id(policy_id: str, checkpoint_version: str, task_id: str, seed: int, environment_digest: str,
+            judge: str = "") -> str:
+    """The episode's identity: policy x checkpoint x task x seed x environment, and the judge that
+    grades R_judge (another judge is another reward: its rows are not resumed from the old ones)."""
+    key = f"{policy_id}|{checkpoint_version}|{task_id}|{int(seed)}|{environment_digest}" + (f"|{judge}" if judge else "")
     return hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -111,7 +114,8 @@ def episode_row(policy_id: str, checkpoint_version: str, bundle, seed: int, rec,
         rate_card or RateCard(), policy_id=policy_id, tokens_in=tokens_in, tokens_out=tokens_out,
         policy_s=policy_s, sandbox_s=sandbox_s)
     return {
-        "eval_id": eval_id(policy_id, checkpoint_version, bundle.task_id, seed, bundle.environment_digest),
+        "eval_id": eval_id(policy_id, checkpoint_version, bundle.task_id, seed, bundle.environment_digest,
+                           judge_id(judge)),
         "eval_run_id": eval_run_id, "policy_id": policy_id, "checkpoint_version": checkpoint_version or "",
         "task_id": bundle.task_id, "seed": int(seed), **slice_labels(bundle),
         "outcome": outcome, "passed": passed, "reward": None if infra else rec.reward,

@@ -71,7 +71,14 @@ def current_episodes(con, manifest_path) -> tuple[list[dict], int]:
     and the holdout's size."""
     tables.ensure(con)
     sha, n = _current_holdout(con, manifest_path)
-    return tables.episode_rows(con, where="holdout_sha256 = ?", params=[sha]), n
+    rows = tables.episode_rows(con, where="holdout_sha256 = ?", params=[sha])
+    # per policy x checkpoint x task, the newest evaluation only: rows under an older environment
+    # digest or judge (another reward) are history, not more seeds
+    newest: dict = {}
+    for r in sorted(rows, key=lambda r: (r["finished_at"] is not None, r["finished_at"] or 0)):
+        newest[(r["policy_id"], r["checkpoint_version"] or "", r["task_id"])] = tables.grading(r)
+    return [r for r in rows
+            if newest[(r["policy_id"], r["checkpoint_version"] or "", r["task_id"])] == tables.grading(r)], n
 
 
 def build_summary(wh, manifest_path, *, baseline_policy_id: str | None, n_boot: int = 2000, ci_seed: int = 0,

@@ -151,19 +151,20 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
     `chunk` episodes per job (default `CHUNK`, fewer when there are not enough to keep every worker
     busy), `concurrency` of them open at once; each chunk's rows are stored when it returns, so a
     kill loses at most the chunks in flight (`workers` x `chunk` episodes)."""
-    from ratchet.evaluation.episodes import batches_generation, check_judge, eval_id
+    from ratchet.evaluation.episodes import batches_generation, check_judge, eval_id, judge_id
     from ratchet.policy.base import engine_names
     from sandboxes.verifiers.judge import make_judge
 
     if judge:
         check_judge(make_judge(judge), policy_id)                 # before anything runs
+    grader = judge_id(make_judge(judge) if judge else None)       # part of each episode's id
     if policy_id.partition(":")[0] not in engine_names():
         raise ValueError(f"unknown engine in policy id {policy_id!r}; engines: {engine_names()}")
     run_id = eval_run_id or uuid.uuid4().hex
     jobs, ids = [], []
     for b in plan.bundles:
         for s in seeds:
-            ids.append(eval_id(policy_id, checkpoint_version, b.task_id, s, b.environment_digest))
+            ids.append(eval_id(policy_id, checkpoint_version, b.task_id, s, b.environment_digest, grader))
             jobs.append((policy_id, checkpoint_version, b.to_dict(), int(s), run_id, plan.holdout_sha256,
                          judge, rate_card.to_dict() if rate_card is not None else None, policy_kwargs))
     finished = done(ids) if done else set()

@@ -77,6 +77,12 @@ VIEWS = {
 }
 
 
+def grading(row: Mapping) -> tuple[str, str]:
+    """What a row's reward was measured under: (environment digest, judge). Rows of one task under
+    another judge are another evaluation (the reward differs), like rows under another digest."""
+    return row.get("environment_digest"), row.get("judge_id") or ""
+
+
 def ensure(con) -> None:
     """Create the evaluation tables and views (idempotent)."""
     from ratchet.tables import ddl

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
+from ratchet.evaluation.tables import grading
 from ratchet.store import fetch
 
 from .gates import Evidence
@@ -77,12 +78,6 @@ def eval_rows(con, policy_id: str, checkpoint_version: str, *, eval_run_id: str 
     for r in sorted(rows, key=lambda r: (r["finished_at"] is not None, r["finished_at"] or 0)):
         newest[r["task_id"]] = grading(r)
     return [r for r in rows if newest[r["task_id"]] == grading(r)]
-
-
-def grading(row: Mapping) -> tuple[str, str]:
-    """What a row's reward was measured under: (environment digest, judge). Rows of one task under
-    another judge are another evaluation (the reward differs), like rows under another digest."""
-    return row.get("environment_digest"), row.get("judge_id") or ""
 
 
 def _matches(want, row: Mapping) -> bool:

@@ -151,3 +151,26 @@ def test_a_policy_never_judges_its_own_work(holdout):
         plan = holdout_plan(con, path)
     with pytest.raises(SelfJudging):
         evaluate(plan, "openai:gpt-x", judge={"kind": "openai", "base_url": "http://127.0.0.1:9", "model": "gpt-x"})
+
+
+def test_another_judge_is_another_evaluation(holdout):
+    """R_judge is part of the reward: rows graded by rubric-v2 are not resumed by a rubric-v3
+    evaluation, and the summary reads the newest grading of each task, never both as more seeds."""
+    from ratchet.evaluation.io import current_episodes
+
+    wh, path, _ = holdout
+    with wh.connect() as con:
+        plan = holdout_plan(con, path, task_limit=2)
+    done, sink = warehouse_sink(wh)
+    old = evaluate(plan, "harness:sbfl", seeds=[0], done=done, sink=sink, workers=1, judge={"kind": "rubric-v2"})
+    assert {r["judge_id"] for r in old.rows} == {"rubric-v2"} and len(old.rows) == 2
+    new = evaluate(plan, "harness:sbfl", seeds=[0], done=done, sink=sink, workers=1)       # the default judge
+    assert new.skipped == 0 and {r["judge_id"] for r in new.rows} == {"rubric-v3"}
+    assert {r["eval_id"] for r in new.rows}.isdisjoint(r["eval_id"] for r in old.rows)
+    again = evaluate(plan, "harness:sbfl", seeds=[0], done=done, sink=sink, workers=1)
+    assert again.skipped == 2 and again.rows == []
+    with wh.connect() as con:
+        assert len(tables.episode_rows(con)) == 4                       # the history is kept...
+        rows, _ = current_episodes(con, path)
+    assert sorted((r["task_id"], r["judge_id"]) for r in rows) == sorted(
+        (r["task_id"], "rubric-v3") for r in new.rows)                  # ...the summary reads the newest
