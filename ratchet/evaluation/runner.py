@@ -185,19 +185,25 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
             batch, last = [], time.monotonic()
 
     try:
-        if n == 1:
-            for j in todo:
-                take(_job(j))
-        else:
-            import multiprocessing as mp
-            # spawn: a forked pool inside Dagster / pytest can hang on terminate (PITFALLS)
-            with mp.get_context("spawn").Pool(n, _init_worker) as pool:
-                for result in pool.imap_unordered(_job, todo):
-                    take(result)
+        _each(_job, todo, n, take)
     finally:
         if sink and batch:
             sink(batch)                 # what finished before an interruption is kept
     return EvalRun(run_id, out, len(jobs) - len(todo), len(jobs), time.monotonic() - t0, n)
+
+
+def _each(fn, jobs: list, n: int, take: Callable) -> None:
+    """take(fn(job)) for every job: in this process when n == 1, else in a pool of n workers,
+    results in completion order."""
+    if n == 1:
+        for j in jobs:
+            take(fn(j))
+        return
+    import multiprocessing as mp
+    # spawn: a forked pool inside Dagster / pytest can hang on terminate (PITFALLS)
+    with mp.get_context("spawn").Pool(n, _init_worker) as pool:
+        for result in pool.imap_unordered(fn, jobs):
+            take(result)
 
 
 def _chunks(todo: list, n: int, chunk: int | None) -> list[list]:
@@ -222,14 +228,7 @@ def _evaluate_chunks(todo: list, n: int, run_id: str, planned: int, sink, chunk:
         if sink and rows:
             sink(rows)                      # one chunk = one write: finished rows survive a kill
 
-    if n == 1:
-        for a in args:
-            take(_chunk_job(a))
-    else:
-        import multiprocessing as mp
-        with mp.get_context("spawn").Pool(n, _init_worker) as pool:
-            for result in pool.imap_unordered(_chunk_job, args):
-                take(result)
+    _each(_chunk_job, args, n, take)
     timing["chunks"] = len(chunks)
     return EvalRun(run_id, out, planned - len(todo), planned, time.monotonic() - t0, n, True,
                    max(map(len, chunks), default=0), timing)
