@@ -127,7 +127,9 @@ def test_chunks_stream_and_a_killed_run_resumes_without_redoing_them(holdout, ti
     run = evaluate(plan, POLICY, "", seeds=[0, 1, 2], done=done, sink=sink, workers=2,
                    policy_kwargs=_kw(tiny_checkpoint))
     assert run.batched and run.workers == 2 and run.skipped == 2 and len(run.rows) == 4
-    assert run.chunk == 2 and run.timing["chunks"] == 2 and run.timing["requests"] > run.timing["calls"]
+    # (whether a chunk of 2 shares a generate call depends on sandbox timing: with 2 open episodes
+    # the runner's min_batch is 1; batching itself is asserted in the test above, with 8 open)
+    assert run.chunk == 2 and run.timing["chunks"] == 2 and run.timing["requests"] >= run.timing["calls"]
     todo = {r["eval_id"] for r in run.rows}
     alone = evaluate(plan, POLICY, "", seeds=[0, 1, 2], workers=1, policy_kwargs=_kw(tiny_checkpoint), batched=False,
                      done=lambda ids: set(ids) - todo)
