@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,13 +86,23 @@ def build_suite(seed: int = 0, limit: int | None = None, *, per_problem: int = 8
     problems = _problems(limit, problem_ids)
     jobs = [(p, seed, per_problem) for p in problems]
     n = processes or min(2, os.cpu_count() or 1)
+    results = None
     if n > 1 and len(jobs) > 1:
         import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
         # spawn, not fork: a forked pool inherits the caller's threads' locks and signal handlers
         # (Dagster's in-process executor, pytest); seen here as a pool that never terminates.
-        with mp.get_context("spawn").Pool(n) as pool:
-            results = list(pool.imap(_job, jobs, chunksize=2))
-    else:
+        # ProcessPoolExecutor, not multiprocessing.Pool: when a worker dies mid-job, Pool.imap
+        # waits forever for the lost job (seen twice in full test runs, 2026-11-30, cause not
+        # found); the executor raises, and the build finishes in this process instead.
+        try:
+            with ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as pool:
+                results = list(pool.map(_job, jobs, chunksize=2))
+        except BrokenProcessPool as e:
+            warnings.warn(f"build_suite: a worker process died ({e}); building in this process")
+    if results is None:
         results = [_job(j) for j in jobs]
     suite = _assemble(results, params)
     suite.build_seconds = time.monotonic() - start
