@@ -81,7 +81,8 @@ class TransformersPolicy:
     def __init__(self, model, tokenizer, *, policy_id: str = "hf:model", constrained: bool = False,
                  chat: str = "template", max_batch: int = 64, threads: int | None = None,
                  grammar: dict | None = None, prefix_cache: int = 64, gqa_decode: bool = True,
-                 action_mask: str | None = None, masked_logprobs: bool = False, config: dict | None = None):
+                 action_mask: str | None = None, masked_logprobs: bool = False, view: dict | None = None,
+                 config: dict | None = None):
         if chat not in ("template", "embedded"):
             raise ValueError(f"chat must be 'template' or 'embedded', got {chat!r}")
         if chat == "template" and not getattr(tokenizer, "chat_template", None):
@@ -97,6 +98,9 @@ class TransformersPolicy:
         # policy-side action mask (ratchet.policy.action_mask): the prompt lists the structured
         # tools, the grammar offers this turn's narrowed schemas
         self.action_mask = action_mask
+        # how the embedded chat shows observations to this checkpoint (saved with it:
+        # ratchet.policy.embedded.decoding); passed to chat.render and the action mask's narrow
+        self.view = dict(view) if view else None
         # logprobs under the grammar-masked distribution (renormalised over the allowed tokens) and
         # the allowed ids of each choice token: what a trainer of the constrained policy needs
         self.masked_logprobs = masked_logprobs and constrained
@@ -114,6 +118,7 @@ class TransformersPolicy:
                      "config": {"constrained": constrained, "chat": chat, "max_batch": max_batch,
                                 "prefix_cache": prefix_cache, "gqa_decode": gqa_decode,
                                 **({"action_mask": action_mask} if action_mask else {}),
+                                **({"view": self.view} if self.view else {}),
                                 **({"grammar": {k: repr(v) for k, v in self.grammar.items()}} if grammar else {}),
                                 **(config or {})}}
 
@@ -137,7 +142,8 @@ class TransformersPolicy:
     def render(self, messages: list[dict], tools: list[dict], generation_prompt: bool = True) -> str:
         if self.chat == "embedded":
             from ratchet.policy.embedded.chat import render
-            return render(messages, tools, add_generation_prompt=generation_prompt)
+            return render(messages, tools, add_generation_prompt=generation_prompt,
+                          **({"view": self.view} if self.view else {}))
         return self.tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                             add_generation_prompt=generation_prompt)
 
@@ -177,7 +183,7 @@ class TransformersPolicy:
             offered = r.tools
             if self.action_mask:
                 from ratchet.policy.action_mask import narrow, structured_tools
-                offered = narrow(r.messages, r.tools)
+                offered = narrow(r.messages, r.tools, **({"view": self.view} if self.view else {}))
                 r = replace(r, tools=structured_tools(r.tools))
             ids = self.prompt_ids(r)
             key = tuple(r.prefix_ids[:-1]) if r.prefix_ids and ids[:len(r.prefix_ids)] == list(r.prefix_ids) else None
