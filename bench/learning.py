@@ -146,6 +146,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rl-lr", type=float, default=1e-3)
     ap.add_argument("--rl-beta", type=float, default=0.04)
     ap.add_argument("--sft-lr", type=float, default=3e-3)
+    ap.add_argument("--no-prior-view", action="store_true",
+                    help="show candidate lists in the environment's order (runs 1-5) instead of the train-fit "
+                         "prior's order (the view's prior feature, chat.make_view)")
     ap.add_argument("--unmasked-logprobs", action="store_true",
                     help="GRPO on the unmasked distribution (the first measured run) instead of the grammar-masked one")
     for key in STRUCT_SIZE["default"]:
@@ -161,7 +164,8 @@ def main(argv=None) -> int:
     from ratchet.policy.action_mask import structured_tools
     from ratchet.policy.embedded.corpus import task_texts
     from ratchet.policy.embedded.model import build_base_policy
-    from ratchet.policy.embedded.decoding import write_decoding
+    from ratchet.policy.embedded.chat import make_view
+    from ratchet.policy.embedded.decoding import read_view, write_decoding
     from types import SimpleNamespace
 
     from ratchet.training.recipe import RecipeSettings, plot_curve, rl_stage, sft_stage, structured_rows
@@ -188,6 +192,11 @@ def main(argv=None) -> int:
     val = random.Random(0).sample(val, min(size["val_tasks"], len(val)))
     train_used = random.Random(1).sample(train, min(size["train_tasks"], len(train)))
     prior = fit_prior(train)
+    # the proof, in every run: the prior (the prior harness's, the demonstrator's and the view's)
+    # counts train tasks only, and no validation problem
+    assert set(prior.task_ids) <= {b.task_id for b in train}
+    assert not set(prior.task_ids) & {b.task_id for b in val} and prior.task_ids
+    view = None if a.no_prior_view else make_view(prior, source=f"fit_prior: {len(prior.task_ids)} train tasks")
     say(f"suite: {len(tasks)} tasks of {size['problems']} problems; train {len(train)} (even problems), "
         f"validation {len(val)} sampled (odd problems); prior fit on {len(prior.task_ids)} train tasks")
 
@@ -198,8 +207,10 @@ def main(argv=None) -> int:
     base = build_base_policy(out / "base", task_texts(rows, structured_tools(TOOL_SCHEMAS)))
     cpu["base_policy"] = cpu_now() - c
     rs = RecipeSettings(max_turns=a.max_turns)
-    write_decoding(base, action_mask="structured", bounds=rs.grpo().bounds())
-    say(f"base_policy {base.name} built in {cpu['base_policy']:.0f} CPU s (train tasks only)")
+    # the untrained policy reads the same view as the trained ones (no weights learn from it)
+    write_decoding(base, action_mask="structured", bounds=rs.grpo().bounds(), view=view)
+    say(f"base_policy {base.name} built in {cpu['base_policy']:.0f} CPU s (train tasks only); view: "
+        f"{'candidates in the prior order' if view else 'the environment order'}")
 
     c = cpu_now()
     # v2: the structured agent follows the mask's attempt structure (no give-up before the turn limit)
@@ -220,13 +231,13 @@ def main(argv=None) -> int:
     rs = RecipeSettings(sft_epochs=size["sft_epochs"], rl_steps=size["rl_steps"], rl_lr=a.rl_lr, rl_beta=a.rl_beta,
                         sft_lr=a.sft_lr, masked_logprobs=not a.unmasked_logprobs,
                         rl_tasks_per_step=size["rl_tasks_per_step"], rl_group_size=size["rl_group_size"],
-                        max_turns=a.max_turns)
+                        max_turns=a.max_turns, prior_view=view is not None)
 
     def on_step(r):
         say(f"  rl step {r['step']}: pass {r['pass_rate']} reward {r['reward'] and round(r['reward'], 3)} "
             f"kl {r['kl']:.4f} entropy {r['entropy']:.3f} flat {r.get('flat_groups')} cpu {r['cpu_s']:.0f}s")
     sft_meta = out / "candidate" / "sft" / "ratchet_checkpoint.json"
-    if a.reuse_data and sft_meta.exists():
+    if a.reuse_data and sft_meta.exists() and read_view(sft_meta.parent) == view:
         # the SFT checkpoint of an earlier run with the same data and settings (--reuse-data): its
         # measured CPU seconds come from its own record
         meta = json.loads(sft_meta.read_text())
@@ -234,7 +245,8 @@ def main(argv=None) -> int:
                               steps=meta["steps"], n_examples=meta["n_examples"])
         say(f"SFT reused from {sft.checkpoint} ({sft.cpu_s:.0f} CPU s when it was trained)")
     else:
-        sft = sft_stage(base, data, out / "candidate" / "sft", rs)
+        shutil.rmtree(out / "candidate" / "sft", ignore_errors=True)
+        sft = sft_stage(base, data, out / "candidate" / "sft", rs, prior=prior)
     shutil.rmtree(out / "candidate" / "rl", ignore_errors=True)
     rl = rl_stage(sft.checkpoint, curriculum, out / "candidate" / "rl", rs, runtime=rt, on_step=on_step, resume=False) \
         if rs.rl_steps > 0 else None
@@ -297,7 +309,10 @@ def main(argv=None) -> int:
         "rl_cpu_min": round(cpu["rl"] / 60, 2), "base_policy_cpu_min": round(cpu["base_policy"] / 60, 2),
         "data_cpu_min": round(cpu["data"] / 60, 2), "eval_cpu_min": round(sum(eval_cpu.values()) / 60, 2),
         "val_tasks": len(val), "train_tasks": len(train), "train_trajectories": len(data),
-        "rl_tasks": len(curriculum), "sft_steps": res.sft.steps, "rl_steps": len(res.rl.history) if res.rl else 0,
+        "rl_tasks": len(curriculum), "sft_steps": res.sft.steps,
+        "view": {"candidates": "prior" if view else "env", "prior_tasks": len(prior.task_ids),
+                 "sft": read_view(res.sft.checkpoint) == view,
+                 "rl": read_view(res.rl.checkpoint) == view if res.rl else None}, "rl_steps": len(res.rl.history) if res.rl else 0,
         "rl_history": [{k: h.get(k) for k in ("step", "pass_rate", "reward", "kl", "entropy", "flat_groups")}
                        for h in (res.rl.history if res.rl else [])],
         "baseline": "sft", "ratio": round(rl_p / sft_p, 3) if sft_p else None,

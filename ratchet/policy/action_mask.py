@@ -39,11 +39,12 @@ def structured_tools(tools: list[dict]) -> list[dict]:
     return [t for t in tools if _name(t) in STRUCTURED]
 
 
-def call_allowed(messages: list[dict], tools: list[dict], name: str, arguments: dict) -> bool:
+def call_allowed(messages: list[dict], tools: list[dict], name: str, arguments: dict, *,
+                 view: dict | None = None) -> bool:
     """Whether the call lies inside this turn's mask (used to check demonstrations)."""
     from ratchet.policy.grammar import arguments_valid
 
-    offered = {_name(t): (t.get("function") or t)["parameters"] for t in narrow(messages, tools)}
+    offered = {_name(t): (t.get("function") or t)["parameters"] for t in narrow(messages, tools, view=view)}
     return name in offered and arguments_valid(offered[name], arguments)
 
 
@@ -125,6 +126,7 @@ def episode_state(messages: list[dict]) -> dict:
             if st["pending"] is not None:
                 st["verdict"] = tests_all_passed(obs)
     st["valid"] = {key: len(c) for (key, t), c in lists.items() if t == tag()}
+    st["listed"] = {key: sorted(c.items()) for (key, t), c in lists.items() if t == tag()}
     if st["pending"] is not None and st["verdict"] is False:
         listed = lists.get((st["pending"], tag()))
         if listed is not None:
@@ -151,7 +153,7 @@ def _rank_order(ranked, values):
     return sorted(values, key=lambda v: (pos.get(v, len(pos)), v))
 
 
-def narrow(messages: list[dict], tools: list[dict]) -> list[dict]:
+def narrow(messages: list[dict], tools: list[dict], *, view: dict | None = None) -> list[dict]:
     """This turn's schemas: the structured tools of `tools`, offered and narrowed by state.
     The flow:
     - localize (`{"top": 10}`) until one has answered; submit (no-fix text) if it ranked nothing;
@@ -166,7 +168,9 @@ def narrow(messages: list[dict], tools: list[dict]) -> list[dict]:
       again shows nothing new; measured: an SFT start looped on it until the turn limit); and
       apply_edit for the candidate lists that still describe the file, one `anyOf` branch per
       (path, line) with `index` among the candidates not tried yet (no attempt twice). Enums list
-      lines in SBFL rank order;
+      lines in SBFL rank order, and indices in the order the policy's view lists the candidates
+      (`view`: a checkpoint's view setting, `chat.make_view`; the prior's order when it has one,
+      else the environment's), so the first enum value is the first row the policy sees;
     - submit with the no-fix text on the clean file after a failed attempt once `GIVE_UP_AFTER`
       turns are used, when nothing else is left (every line listed, every candidate tried), or when
       an edit could not be undone (then the pre-mask options stay open too).
@@ -197,15 +201,16 @@ def narrow(messages: list[dict], tools: list[dict]) -> list[dict]:
         p, ln = st["pending"]
         out = one("apply_edit", {"path": enum([p]), "line": enum([ln]), "index": enum([st["undo"]])})
     else:
-        out = _open_choices(st, by_name, fallback=st["pending"] is not None or not st["clean"])
+        out = _open_choices(st, by_name, fallback=st["pending"] is not None or not st["clean"], view=view)
     if not out:      # nothing left to try (or localize failed every time): let the episode end
         out = one("submit", {"explanation": enum([NO_FIX])})
     return out
 
 
-def _open_choices(st: dict, by_name: dict, *, fallback: bool) -> list[dict]:
+def _open_choices(st: dict, by_name: dict, *, fallback: bool, view: dict | None = None) -> list[dict]:
     """The clean file's choices: inspect a line, or apply an untried candidate. `fallback` (an
     edit that could not be undone): also test and submit, as before the attempt structure."""
+    from ratchet.policy.embedded.chat import order_candidates
     from sandboxes.agents.prior import NO_FIX, short_explanation
 
     out = []
@@ -221,7 +226,8 @@ def _open_choices(st: dict, by_name: dict, *, fallback: bool) -> list[dict]:
             order = {ln: i for i, ln in enumerate(_rank_order(st["ranked"], [ln for _, ln in st["valid"]]))}
             branches = []
             for (p, ln), n in sorted(st["valid"].items(), key=lambda kv: (order.get(kv[0][1], 0), kv[0])):
-                left = [i for i in range(n) if not st["clean"] or (p, ln, i) not in st["tried"]]
+                left = [i for i, _ in order_candidates(st["listed"][(p, ln)], view)
+                        if not st["clean"] or (p, ln, i) not in st["tried"]]
                 if left:
                     branches.append(_object({"path": {"type": "string", "enum": [p]},
                                              "line": {"type": "integer", "enum": [ln]},

@@ -247,11 +247,13 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
                on_step: Callable[[dict], None] | None = None) -> GRPOResult:
     """GRPO from checkpoint `start` on `bundles` (train-split tasks). `stop_after=k` ends the call
     after step k (as a kill would after that step's checkpoint); `resume` continues from out_dir's
-    last checkpoint. `on_step(row)` gets each step's metrics (MLflow logging)."""
+    last checkpoint. `on_step(row)` gets each step's metrics (MLflow logging). The observation view
+    is the start checkpoint's (`decoding.read_view`): RL samples and saves what SFT rendered."""
     import copy
 
     import torch
 
+    from ratchet.policy.embedded.decoding import read_view
     from ratchet.policy.embedded.model import load_policy
     from ratchet.policy.engines.transformers_engine import TransformersPolicy
     from ratchet.policy.runner import Sampling, run_episodes
@@ -260,6 +262,7 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     by_id = {b.task_id: b for b in bundles}
+    view = read_view(start)
     task_ids = sorted(by_id)
     last = last_checkpoint(out) if resume else None
     model, tok = load_policy(last or start)
@@ -286,7 +289,7 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
         # a fresh engine per step: its KV caches hold activations of the weights before the update
         policy = TransformersPolicy(model, tok, policy_id=f"grpo:{step}", constrained=True, chat="embedded",
                                     grammar={"bounds": settings.bounds()}, action_mask=settings.action_mask,
-                                    masked_logprobs=settings.masked_logprobs)
+                                    masked_logprobs=settings.masked_logprobs, **({"view": view} if view else {}))
         recs = run_episodes(policy, [(by_id[t], s) for t, s in jobs], concurrency=settings.concurrency,
                             sampling=sampling, runtime=runtime, judge=judge, weights=weights,
                             max_turns=settings.max_turns, min_batch=settings.concurrency)
@@ -306,7 +309,7 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
                     "wall_s": round(wall_before + time.monotonic() - t0, 3), "task_ids": task_ids}
             saved.append(save_checkpoint(out, done, model, tok, optimizer, meta))
             from ratchet.policy.embedded.decoding import write_decoding
-            write_decoding(saved[-1], action_mask=settings.action_mask, bounds=settings.bounds())
+            write_decoding(saved[-1], action_mask=settings.action_mask, bounds=settings.bounds(), view=view)
         if stop_after is not None and done >= stop_after:
             break
     final = last_checkpoint(out) or Path(start)

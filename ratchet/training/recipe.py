@@ -15,9 +15,15 @@ The recipe that made the embedded policy learn (docs/training.md, bench/learning
   trajectories); if there are fewer than `min_structured`, on all rows (other calls are then
   masked out of the loss as calls the offered schemas do not allow);
 - GRPO from the SFT checkpoint under the same mask, on `bundles` (train-split tasks: a curriculum
-  of tasks the structured agent solved is the caller's choice), larger groups.
+  of tasks the structured agent solved is the caller's choice), larger groups;
+- the prior as a feature of the view (`prior_view=True`): each `propose_edits` list is shown in the
+  order of a count prior over candidate kinds (`chat.make_view`), fit on TRAIN-split data only:
+  `sft_stage(..., prior=fit_prior(train_tasks))` (the bench), or, when no prior is given, from the
+  rows themselves (`trajectory_prior`: the kind of each accepted trajectory's passing edit; the
+  tenant's `training_set` is consented train-split data). SFT renders with it, RL inherits it
+  from the SFT checkpoint, and both checkpoints save it.
 Both checkpoints carry `ratchet_decoding.json`, so `make_policy("embedded:<name>", path=...)`
-decodes them under the mask they were trained with.
+decodes them under the mask and the view they were trained with.
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ class RecipeSettings:
     masked_logprobs: bool = True       # GRPO's policy is the masked distribution (no mass pushed to invalid tokens)
     seed: int = 0
     threads: int = 1
+    prior_view: bool = True            # candidate lists in the train-fit prior's order (chat.make_view)
     sft_overrides: dict = field(default_factory=dict)
 
     @classmethod
@@ -102,25 +109,74 @@ def _offer_structured(rows) -> list[dict]:
     return [{**r, "tools": structured_tools(TOOL_SCHEMAS)} for r in rows]
 
 
-def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings()):
+def trajectory_prior(rows):
+    """A count prior from accepted trajectories: per task, the kind of the edit whose tests passed
+    (read from the `propose_edits` list it was applied from). For a caller holding only a tenant's
+    `training_set` rows (consented, train split): no task outside them can shape it."""
+    from ratchet.policy.action_mask import _observations
+    from sandboxes.agents.prior import Prior, kind_key
+    from sandboxes.observations import parse_applied, parse_candidates, tests_all_passed
+
+    kinds: dict = {}
+    for r in rows:
+        if r.get("accepted") is False:
+            continue
+        msgs = json.loads(r["messages"]) if isinstance(r["messages"], str) else r["messages"]
+        lists, last, fix = {}, None, None
+        for name, args, obs in _observations(msgs):
+            if name == "propose_edits" and not obs.startswith("error:"):
+                lists[(args.get("path"), args.get("line"))] = dict(parse_candidates(obs))
+            elif name == "apply_edit":
+                a = parse_applied(obs)
+                last = None if a is None else lists.get((a.path, a.line), {}).get(a.index)
+            elif name == "run_tests" and last is not None and tests_all_passed(obs):
+                fix = last
+        if fix is not None and r.get("task_id"):
+            kinds.setdefault(r["task_id"], kind_key(fix))
+    counts: dict = {}
+    for k in kinds.values():
+        counts[k] = counts.get(k, 0) + 1
+    return Prior.from_counts(counts, sorted(kinds))
+
+
+def recipe_view(settings: "RecipeSettings", rows, prior=None) -> dict | None:
+    """The view SFT renders with and saves: the prior's order (`prior`, fit on train-split tasks;
+    else `trajectory_prior(rows)`), or None (the env's order) when `prior_view` is off."""
+    from ratchet.policy.embedded.chat import make_view
+
+    if not settings.prior_view:
+        return None
+    if prior is None:
+        prior, source = trajectory_prior(rows), "trajectory_prior: accepted train-split trajectories"
+    else:
+        source = f"fit_prior: {len(prior.task_ids)} train-split tasks"
+    # a prior that counted nothing ranks nothing: the env's order, as a checkpoint without a view
+    return make_view(prior, source=source) if prior.counts else None
+
+
+def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings(), *, prior=None):
     """SFT under the recipe (structured rows if enough, calls only) -> SFTResult; the checkpoint
-    carries its decoding config (the structured mask, calls-only bounds)."""
+    carries its decoding config (the structured mask, calls-only bounds, the view: `recipe_view`).
+    `prior`: a count prior fit on train-split tasks (`fit_prior`); None: fit from `rows`."""
     from ratchet.policy.embedded.decoding import write_decoding
     from ratchet.training.sft import train_sft
 
     rows = list(rows)
     picked = structured_rows(rows)
     data = picked if len(picked) >= settings.min_structured else _offer_structured(rows)
-    res = train_sft(base_path, data, out_dir, settings.sft())
-    write_decoding(res.checkpoint, action_mask="structured", bounds=settings.grpo().bounds())
+    view = recipe_view(settings, rows, prior)
+    res = train_sft(base_path, data, out_dir, settings.sft(), view=view)
+    write_decoding(res.checkpoint, action_mask="structured", bounds=settings.grpo().bounds(), view=view)
     res.n_structured = len(picked)
+    res.view = view
     return res
 
 
 def rl_stage(sft_path, bundles, out_dir, settings: RecipeSettings = RecipeSettings(), *, runtime=None, judge=None,
              weights=None, on_step=None, resume: bool = True):
     """GRPO under the recipe from the SFT checkpoint on `bundles` (train-split tasks; a curriculum
-    of tasks the tenant's agents solved gives groups with passes) -> GRPOResult; resumes."""
+    of tasks the tenant's agents solved gives groups with passes) -> GRPOResult; resumes. The view
+    is the SFT checkpoint's (train_grpo reads it from its decoding file)."""
     from ratchet.training.grpo_loop import train_grpo
 
     return train_grpo(sft_path, list(bundles), out_dir, settings.grpo(), runtime=runtime, judge=judge,
@@ -136,14 +192,16 @@ def curriculum(bundles, rows) -> list:
 
 
 def train_candidate(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings(), *, bundles=(),
-                    runtime=None, judge=None, weights=None, on_step=None, resume: bool = True) -> CandidateResult:
+                    runtime=None, judge=None, weights=None, on_step=None, resume: bool = True,
+                    prior=None) -> CandidateResult:
     """SFT on `rows` (one tenant's governed training rows: record_id, messages, tools, ...) from
     `base_path`, then GRPO on `bundles` (train-split TaskBundles) from the SFT checkpoint, both
-    under the structured action mask. Writes out_dir/sft, out_dir/rl and out_dir/*_curve.png."""
+    under the structured action mask and the recipe's view (`prior`: see `sft_stage`). Writes
+    out_dir/sft, out_dir/rl and out_dir/*_curve.png."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
-    sft = sft_stage(base_path, rows, out / "sft", settings)
+    sft = sft_stage(base_path, rows, out / "sft", settings, prior=prior)
     curves = {"sft": str(plot_curve([{"step": i + 1, "loss": v} for i, v in enumerate(sft.losses)],
                                     out / "sft_curve.png", "SFT", ("loss",)))}
     rl = None

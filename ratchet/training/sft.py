@@ -105,16 +105,18 @@ def make_trainer(model, tokenizer, dataset, out_dir: str | Path, settings: SFTSe
 
 
 def train_sft(base: str | Path, rows: Sequence[Mapping], out_dir: str | Path,
-              settings: SFTSettings = SFTSettings(), *, tokenizer=None, model=None) -> SFTResult:
+              settings: SFTSettings = SFTSettings(), *, tokenizer=None, model=None, view: dict | None = None) -> SFTResult:
     """Fine-tune the checkpoint at `base` on `rows` (one tenant's `tenant_training_rows`) and save
     the result to `out_dir` with `ratchet_checkpoint.json` (parent, data manifest, settings,
-    losses, CPU seconds). `model`/`tokenizer` skip loading `base` (tests pass in-memory ones)."""
+    losses, CPU seconds). `model`/`tokenizer` skip loading `base` (tests pass in-memory ones).
+    `view`: the observation view to render with (`chat.make_view`; save it with the checkpoint)."""
     from ratchet.policy.embedded.model import load_policy
     from ratchet.training.data import data_manifest
 
     if model is None or tokenizer is None:
         model, tokenizer = load_policy(base)
-    dataset, used = build_dataset(rows, tokenizer, max_length=settings.max_length, thoughts=settings.thoughts)
+    dataset, used = build_dataset(rows, tokenizer, max_length=settings.max_length, thoughts=settings.thoughts,
+                                  **({"view": view} if view else {}))
     by_id = {r["record_id"]: r for r in rows}
     manifest = data_manifest([by_id[i] for i in used])
     out = Path(out_dir)
@@ -132,6 +134,6 @@ def train_sft(base: str | Path, rows: Sequence[Mapping], out_dir: str | Path,
                     manifest=manifest, parent=str(base))
     (out / CHECKPOINT_META).write_text(json.dumps({
         "stage": "sft", "parent": str(base), "settings": asdict(settings), "losses": losses,
-        "steps": res.steps, "cpu_s": res.cpu_s, "wall_s": res.wall_s, "n_examples": res.n_examples,
+        "view": view, "steps": res.steps, "cpu_s": res.cpu_s, "wall_s": res.wall_s, "n_examples": res.n_examples,
         "n_tokens": n_tokens, "n_loss_tokens": n_loss, **manifest}, indent=1))
     return res

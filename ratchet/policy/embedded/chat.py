@@ -108,10 +108,72 @@ def compact_candidate(description: str) -> str:
     return f"{kind}: {head}"
 
 
-def policy_view(text: str) -> str:
-    """A tool observation as the embedded policy reads it (see above); other text unchanged."""
+# The train-fit count prior as a FEATURE of the view (a checkpoint's `view` setting, saved with it
+# by `decoding.write_decoding`): each `propose_edits` list is shown in the prior's order
+# (`sandboxes.agents.prior.prior_order`: the count of the row's kind in TRAIN-split fixes, shared
+# by the line's candidates of that kind; ties: the environment's order), each row keeping its own
+# index label, so the call still names the environment's index, and the first listed row is the
+# prior harness's choice on that line. Why: from ~50 demonstrations a 1M-parameter model did not
+# learn the ranking of candidate kinds (SFT = the random harness, docs/training.md); reading the
+# first row of a list is a position it can learn. No view (or no prior in it): the env's order.
+VIEW_PRIOR = "prior"
+
+
+def make_view(prior, *, source: str) -> dict:
+    """The view setting of a checkpoint whose lists are shown in `prior`'s order (a Prior fit on
+    train-split data only: `sandboxes.agents.prior.fit_prior`). `source` says what it was fit on."""
+    from sandboxes.agents.prior import as_prior
+
+    p = as_prior(prior)
+    return {"candidates": VIEW_PRIOR, "prior": {"counts": dict(sorted(p.counts.items()))},
+            "fit": {"tasks": len(p.task_ids), "source": source}}
+
+
+_PRIORS: dict = {}
+
+
+def view_prior(view: dict | None):
+    """The Prior a view orders candidates by, or None (no view, or the env's order)."""
+    if not view or view.get("candidates") != VIEW_PRIOR:
+        return None
+    key = json.dumps(view["prior"]["counts"], sort_keys=True)
+    if key not in _PRIORS:
+        from sandboxes.agents.prior import Prior
+        _PRIORS[key] = Prior.from_counts(view["prior"]["counts"])
+    return _PRIORS[key]
+
+
+def order_candidates(cands: list[tuple[int, str]], view: dict | None) -> list[tuple[int, str]]:
+    """One line's (index, description) rows in the order the view lists them."""
+    prior = view_prior(view)
+    if prior is None or len(cands) < 2:
+        return list(cands)
+    from sandboxes.agents.prior import prior_order
+    return prior_order(list(cands), prior)
+
+
+def _ordered_rows(rows: list[str], view: dict | None) -> list[str]:
+    """Runs of consecutive candidate rows (one list) reordered by the view's prior."""
+    if view_prior(view) is None:
+        return rows
+    out, run = [], []
+    for row in rows + [None]:
+        m = _CAND_ROW.match(row) if row is not None else None
+        if m:
+            run.append((int(m.group(1)), m.group(2)))
+            continue
+        out += [f"[{i}] {d}" for i, d in order_candidates(run, view)]
+        run = []
+        if row is not None:
+            out.append(row)
+    return out
+
+
+def policy_view(text: str, view: dict | None = None) -> str:
+    """A tool observation as the embedded policy reads it (see above); other text unchanged.
+    `view`: a checkpoint's view setting (`make_view`): candidate lists in the prior's order."""
     out = []
-    for row in text.split("\n"):
+    for row in _ordered_rows(text.split("\n"), view):
         m = _LOC_ROW.match(row)
         if m:
             row = f"{m.group(1)}{m.group(2)}: {m.group(3)} score={m.group(4)} | {m.group(5)}"
@@ -150,13 +212,14 @@ def _functions(tools: Iterable[dict] | None) -> dict[str, dict]:
 
 
 def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: int | None = MAX_TOOL_CHARS,
-            train_invalid_calls: bool = False, thoughts: bool = True) -> list[dict]:
+            train_invalid_calls: bool = False, thoughts: bool = True, view: dict | None = None) -> list[dict]:
     """Stored messages -> template input: text content, canonical call arguments, clipped tool
     output, and `train: False` on assistant turns holding a call the offered schemas do not allow
     (the grammar could never emit it, so the loss must not teach it; `train_invalid_calls` keeps
     them). A turn whose call is invalid keeps its raw argument text, as logged. Without `tools`
     nothing can be checked: calls are rendered as logged and every turn trains. `thoughts=False`
-    drops the text before a call (pair it with `Bounds(thought_chars=0)` in the grammar)."""
+    drops the text before a call (pair it with `Bounds(thought_chars=0)` in the grammar). `view`:
+    the checkpoint's view setting (`make_view`; None: the env's candidate order)."""
     schemas = _functions(tools)
     out = []
     for m in messages:
@@ -180,7 +243,7 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
                 msg["token_ids"] = list(m["token_ids"])
             out.append(msg)
         elif role == "tool":
-            out.append({"role": "tool", "content": clip(policy_view(_text(m.get("content"))), max_tool_chars)})
+            out.append({"role": "tool", "content": clip(policy_view(_text(m.get("content")), view), max_tool_chars)})
         else:
             out.append({"role": role, "content": _text(m.get("content"))})
     return out

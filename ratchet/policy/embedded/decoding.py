@@ -1,10 +1,14 @@
 """How a checkpoint is decoded, saved beside its weights so any resolver makes the same policy.
 
-    write_decoding(ckpt, action_mask="structured", bounds=Bounds(thought_chars=0, max_string=32))
-    make_policy("embedded:rl", path=ckpt)       # reads ratchet_decoding.json: same mask and bounds
+    write_decoding(ckpt, action_mask="structured", bounds=Bounds(thought_chars=0, max_string=32),
+                   view=make_view(prior, source="train split: 124 tasks"))     # view: optional
+    make_policy("embedded:rl", path=ckpt)       # reads ratchet_decoding.json: same mask, bounds, view
 
 A policy trained under the structured action mask and calls-only bounds must be evaluated under
 them: the evaluation resolves a checkpoint with `make_policy("embedded:<name>", path=...)` only.
+The same holds for the observation view it was trained on (`view`: candidate lists in a train-fit
+prior's order, `ratchet.policy.embedded.chat.make_view`). A file without a view (every checkpoint
+written before it existed) decodes as before: no `view` key, the environment's order.
 """
 from __future__ import annotations
 
@@ -15,15 +19,18 @@ from pathlib import Path
 DECODING_FILE = "ratchet_decoding.json"
 
 
-def write_decoding(path, *, action_mask: str | None, bounds=None) -> Path:
+def write_decoding(path, *, action_mask: str | None, bounds=None, view: dict | None = None) -> Path:
     p = Path(path) / DECODING_FILE
-    p.write_text(json.dumps({"action_mask": action_mask, "bounds": asdict(bounds) if bounds else None},
-                            indent=1, sort_keys=True))
+    d = {"action_mask": action_mask, "bounds": asdict(bounds) if bounds else None}
+    if view:
+        d["view"] = view
+    p.write_text(json.dumps(d, indent=1, sort_keys=True))
     return p
 
 
 def read_decoding(path) -> dict:
-    """TransformersPolicy kwargs (`action_mask`, `grammar={"bounds": Bounds}`) or {} if none saved."""
+    """TransformersPolicy kwargs (`action_mask`, `grammar={"bounds": Bounds}`, and `view` when one
+    was saved) or {} if none saved."""
     from ratchet.policy.grammar import Bounds
 
     p = Path(path) / DECODING_FILE
@@ -33,4 +40,11 @@ def read_decoding(path) -> dict:
     out = {"action_mask": d.get("action_mask")}
     if d.get("bounds"):
         out["grammar"] = {"bounds": Bounds(**d["bounds"])}
+    if d.get("view"):
+        out["view"] = d["view"]
     return out
+
+
+def read_view(path) -> dict | None:
+    """The view a checkpoint was trained on (None: the environment's order, or no file)."""
+    return read_decoding(path).get("view") if path is not None else None
