@@ -164,3 +164,42 @@ def tool_call_logits_processor(tokenizer, tool_schemas, *, vocab_size: int | Non
     from xgrammar.contrib.hf import LogitsProcessor
 
     return LogitsProcessor(compiled_tool_call_grammar(tokenizer, tool_schemas, vocab_size=vocab_size, bounds=bounds))
+
+
+class TokenMatcher:
+    """One sequence's grammar state for the engine's decode loop: which tokens may come next.
+
+    The engine's own loop uses this instead of xgrammar's transformers LogitsProcessor because it
+    asks for the allowed set *without logits*: when exactly one token is allowed (the grammar
+    forces it: `{"name": "`, the closing braces, the stop token) the engine appends it without a
+    forward pass and feeds the whole forced run at the next one (jump-forward). The contrib
+    processor fills a mask only when handed logits, and rebuilds the whole sequence as a tensor per
+    token to find the one it should accept."""
+
+    def __init__(self, compiled, vocab_size: int):
+        import xgrammar as xgr
+
+        self._m = xgr.GrammarMatcher(compiled)
+        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self.vocab_size = vocab_size
+
+    def allowed(self):
+        """Bool tensor [vocab]: the tokens the grammar allows next."""
+        import torch
+        import xgrammar as xgr
+
+        scores = torch.zeros(1, self.vocab_size)
+        if not self._m.is_terminated():
+            self._m.fill_next_token_bitmask(self._bitmask, 0)
+            xgr.apply_token_bitmask_inplace(scores, self._bitmask)
+        return torch.isfinite(scores[0])
+
+    def accept(self, token: int) -> None:
+        if not self._m.is_terminated() and not self._m.accept_token(int(token)):
+            raise ValueError(f"token {token} is not allowed by the grammar here")
+
+
+def token_matcher(tokenizer, tool_schemas, *, vocab_size: int | None = None, bounds: Bounds = Bounds()) -> TokenMatcher:
+    """A fresh TokenMatcher over the offered tools (one per sequence)."""
+    compiled = compiled_tool_call_grammar(tokenizer, tool_schemas, vocab_size=vocab_size, bounds=bounds)
+    return TokenMatcher(compiled, compiled.tokenizer_info.vocab_size)

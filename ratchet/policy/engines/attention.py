@@ -4,14 +4,16 @@ transformers' SDPA path repeats a grouped-query model's keys and values to every
 (`repeat_kv`, a full copy of the cache per layer per step) whenever there is a padding mask, which
 a left-padded batch always has. Measured on the embedded model at batch 16 (3 turns x 128
 tokens): repeat_kv's reshape was 17% of generation, more than the projections. For one query
-token the attention is two small matmuls over the grouped layout, with no copy; longer queries
-(prefill) go to transformers' SDPA unchanged.
+token (or the few tokens of a jump-forward run, up to SMALL_Q) the attention is two small matmuls
+over the grouped layout, with no copy; longer queries (prefill) go to transformers' SDPA
+unchanged.
 
     name = register()                     # "ratchet_gqa", for config._attn_implementation
 """
 from __future__ import annotations
 
 NAME = "ratchet_gqa"
+SMALL_Q = 16        # queries up to this long (a decode step, a jump-forward run) skip repeat_kv too
 _DONE = False
 
 
@@ -22,17 +24,20 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout: flo
 
     b, h, q, d = query.shape
     kvh = key.shape[1]
-    if q != 1 or kvh == h or dropout:
+    if q > SMALL_Q or kvh == h or dropout or (q > 1 and attention_mask is None):   # no mask: causal is implied
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
+    g = h // kvh
     scale = scaling if scaling is not None else d ** -0.5
-    scores = torch.matmul(query.view(b, kvh, h // kvh, d), key.transpose(-1, -2)) * scale   # [b, kvh, g, L]
-    if attention_mask is not None:                   # [b, 1, 1, L]: bool (attend) or additive
+    # [b, kvh, g*q, d] x [b, kvh, d, L]: each query head against its group's keys, no copy
+    scores = torch.matmul(query.reshape(b, kvh, g * q, d), key.transpose(-1, -2)) * scale
+    if attention_mask is not None:                   # [b, 1, q, L]: bool (attend) or additive
         m = attention_mask[..., :key.shape[2]]
+        m = m if q == 1 else m.repeat(1, 1, g, 1)    # rows of scores are (head in group, query)
         scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    out = torch.matmul(probs, value)                 # [b, kvh, g, d]
-    return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
+    out = torch.matmul(probs, value)                 # [b, kvh, g*q, d]
+    return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
 
 
 def register() -> str:

@@ -4,14 +4,32 @@
     policy = TransformersPolicy(model, tokenizer, constrained=True, chat="embedded")  # live weights
 
 Every request of one `generate` call (x its `n` samples) becomes a row of one left-padded batch,
-decoded by a hand-written loop over the KV cache: one forward per new token for all rows at once.
+decoded by a hand-written loop over the KV cache: one forward per step for all rows at once.
 The loop is ours rather than `model.generate` because each row needs its own sampler (a
 torch.Generator seeded from (request.seed, sample index), so a row samples the same tokens alone
-or in any batch), its own grammar processor (requests may offer different tools), its own
+or in any batch), its own grammar state (requests may offer different tools), its own
 max_tokens and stop strings, and the unmasked log-probability of each sampled token.
 
-`constrained=True`: each row's logits go through `ratchet.policy.grammar.tool_call_logits_processor`
-(only valid calls of the offered tools can be sampled). `chat="embedded"` renders with
+Three shortcuts, none of which changes a sampled id (tests/policy/test_engine_speedups.py compares
+each with the plain path; measured on a trained checkpoint's real episodes in docs/policy.md):
+- **jump-forward**: a token the grammar forces (one allowed id) needs no logits to be chosen, so
+  the run of forced tokens after a sampled one is fed in the next forward with it, instead of one
+  forward per token. Its logprob comes from that forward's logits (0 under `masked_logprobs`); a
+  sampling row still draws from its generator per forced token, so later choices see the same
+  random stream. `jump_forward=False` is the token-by-token reference.
+- **KV prefixes by content**: the KV of every finished row (its prompt and the sampled ids fed) is
+  kept, keyed by (length, digest of the ids), and a new prompt starts from its longest kept
+  prefix: an episode's previous turn, another seed's identical history, or the system turn all
+  episodes of a suite share. Entries stay until evicted (LRU, `prefix_cache` of them). The KV of a
+  position depends only on the ids up to it, so any kept prefix is exact for fixed weights (a
+  trainer makes a new policy object per weight update, as ratchet.training.grpo_loop does).
+- **greedy memo**: at temperature 0 a turn is a function of its prompt ids, the grammar (offered
+  tools, bounds) and its length and stop limits; the completion is kept under a digest of them
+  (`memo_size`), so the seeds of a deterministic episode, and repeated prompts in one call,
+  decode once. Sampling never reads it.
+
+`constrained=True`: each row's logits are masked by `ratchet.policy.grammar.TokenMatcher` (xgrammar;
+only valid calls of the offered tools can be sampled). `chat="embedded"` renders with
 `ratchet.policy.embedded.chat` and parses its `<tool_call>` turns; `chat="template"` uses the
 tokenizer's own chat template and the Hermes/Qwen `<tool_call>` format.
 
@@ -27,7 +45,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ratchet.policy.base import Completion, GenerationRequest, ToolCall, parse_tool_calls
+from ratchet.policy.base import (
+    Completion,
+    GenerationRequest,
+    ToolCall,
+    parse_tool_calls,
+)
 
 
 def load_local(path: str | Path, *, dtype: str = "float32", device: str = "cpu", chat: str = "template"):
@@ -36,7 +59,11 @@ def load_local(path: str | Path, *, dtype: str = "float32", device: str = "cpu",
     if not p.is_dir():
         raise FileNotFoundError(f"no checkpoint folder at {p} (engines load local paths only, never the hub)")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        PreTrainedTokenizerFast,
+    )
 
     model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=getattr(torch, dtype))
     if chat == "embedded":
@@ -71,6 +98,9 @@ class _Row:
     allowed: list = field(default_factory=list)     # per token: allowed ids at a choice, None when forced
     finish: str | None = None
     text: str | None = None
+    mask: object = None                # allowed next tokens (bool [vocab]) under the grammar
+    fed: int = 0                       # sampled ids whose KV is in the batch cache
+    memo: bytes | None = None          # greedy: key of the completion memo
 
 
 def sample_seed(seed: int, sample: int) -> int:
@@ -82,6 +112,7 @@ class TransformersPolicy:
                  chat: str = "template", max_batch: int = 64, threads: int | None = None,
                  grammar: dict | None = None, prefix_cache: int = 64, gqa_decode: bool = True,
                  action_mask: str | None = None, masked_logprobs: bool = False, view: dict | None = None,
+                 memo_size: int = 4096, jump_forward: bool = True,
                  config: dict | None = None):
         if chat not in ("template", "embedded"):
             raise ValueError(f"chat must be 'template' or 'embedded', got {chat!r}")
@@ -107,9 +138,16 @@ class TransformersPolicy:
         # KV caches kept between calls (0: off): each episode's last turn (up to `prefix_cache` of
         # them), and the system turn (system prompt + tools) every episode of a task suite shares
         self.prefix_cache = prefix_cache
-        self._kv: OrderedDict = OrderedDict()       # tuple(ids fed) -> per layer (keys, values)
+        self._kv: OrderedDict = OrderedDict()       # (len, digest of ids fed) -> per layer (keys, values)
         self._shared: OrderedDict = OrderedDict()   # the system turn (prompt + tools), shared by episodes
-        self.stats = {"prefill_tokens": 0, "cached_tokens": 0, "decode_steps": 0}
+        # greedy completions by (prompt ids, grammar, limits): a greedy turn is a function of them,
+        # so the seeds of a deterministic episode (and repeated prompts) decode once
+        self.memo_size = memo_size
+        # feed a run of grammar-forced tokens in one forward (False: one forward per token, the
+        # reference the tests compare against; the same ids either way)
+        self.jump_forward = jump_forward
+        self._memo: OrderedDict = OrderedDict()
+        self.stats = {"prefill_tokens": 0, "cached_tokens": 0, "decode_steps": 0, "forwards": 0, "memo_hits": 0}
         # decode-step attention without KV copies (engines.attention); only over the SDPA path
         self.gqa_decode = gqa_decode and getattr(model.config, "_attn_implementation", None) == "sdpa"
         self.eos_ids = self._eos_ids()
@@ -117,6 +155,7 @@ class TransformersPolicy:
         self.spec = {"policy_id": policy_id, "engine": "transformers",
                      "config": {"constrained": constrained, "chat": chat, "max_batch": max_batch,
                                 "prefix_cache": prefix_cache, "gqa_decode": gqa_decode,
+                                "memo_size": memo_size, "jump_forward": jump_forward,
                                 **({"action_mask": action_mask} if action_mask else {}),
                                 **({"view": self.view} if self.view else {}),
                                 **({"grammar": {k: repr(v) for k, v in self.grammar.items()}} if grammar else {}),
@@ -124,7 +163,7 @@ class TransformersPolicy:
 
     @classmethod
     def from_path(cls, path, *, policy_id: str | None = None, dtype: str = "float32", device: str = "cpu",
-                  chat: str = "template", **kw) -> "TransformersPolicy":
+                  chat: str = "template", **kw) -> TransformersPolicy:
         model, tok = load_local(path, dtype=dtype, device=device, chat=chat)
         return cls(model, tok, policy_id=policy_id or f"hf:{path}", chat=chat,
                    config={"path": str(path), "dtype": dtype, "device": device}, **kw)
@@ -178,7 +217,7 @@ class TransformersPolicy:
         if self.threads:
             torch.set_num_threads(self.threads)
         t0 = time.monotonic()
-        rows, used = [], set()
+        rows, todo = [], []
         for qi, r in enumerate(requests):
             offered = r.tools
             if self.action_mask:
@@ -186,26 +225,45 @@ class TransformersPolicy:
                 offered = narrow(r.messages, r.tools, **({"view": self.view} if self.view else {}))
                 r = replace(r, tools=structured_tools(r.tools))
             ids = self.prompt_ids(r)
-            key = tuple(r.prefix_ids[:-1]) if r.prefix_ids and ids[:len(r.prefix_ids)] == list(r.prefix_ids) else None
-            cache = self._kv.get(key) if key is not None else None
-            cached, share = (len(key) if cache is not None else 0), 0
-            if cache is not None:
-                used.add(key)
-            elif self.prefix_cache:
-                share = self._system_turn(ids)
-                cache = self._shared.get(tuple(ids[:share])) if share else None
-                cached, share = (share, 0) if cache is not None else (0, share)
+            memo = self._memo_key(ids, offered, r) if r.temperature == 0 and self.memo_size else None
+            cache, cached, share = None, 0, 0
+            if self.prefix_cache and (memo is None or memo not in self._memo):
+                cache, cached = self._lookup(ids)
+                if not cached:
+                    share = self._system_turn(ids)
             for j in range(r.n):
                 g = torch.Generator().manual_seed(sample_seed(r.seed, j))
-                rows.append(_Row(qi, j, ids, r.temperature, r.top_p, r.max_tokens, r.stop, g,
-                                 self._processor(offered) if self.constrained else None,
-                                 cache, cached, share))
-        for key in used:                       # each episode moves on: its old entry is spent
-            self._kv.pop(key, None)
-        order = sorted(rows, key=lambda x: len(x.prompt_ids) - x.cached)      # less padding per batch
+                row = _Row(qi, j, ids, r.temperature, r.top_p, r.max_tokens, r.stop, g,
+                           self._processor(offered) if self.constrained else None, cache, cached, share)
+                row.memo = memo
+                rows.append(row)
+                if memo is not None and memo in self._memo:
+                    self._replay(row)              # greedy: the same prompt and grammar, the same turn
+                    self.stats["memo_hits"] += 1
+                else:
+                    todo.append(row)
+        if todo and any(r.memo is not None for r in todo):
+            # greedy rows with one prompt and grammar decode once in this call; the rest replay it
+            first: dict = {}
+            for row in todo:
+                first.setdefault(row.memo or id(row), row)
+            twins = [row for row in todo if first[row.memo or id(row)] is not row]
+            todo = [row for row in todo if first[row.memo or id(row)] is row]
+        else:
+            twins = []
+        order = sorted(todo, key=lambda x: len(x.prompt_ids) - x.cached)      # less padding per batch
         with self._attention():
             for k in range(0, len(order), self.max_batch):
                 self._decode(order[k:k + self.max_batch])
+        for row in todo:
+            if row.memo is not None:
+                self._memo[row.memo] = (list(row.out), list(row.lps), list(row.forced), list(row.allowed),
+                                        row.finish, row.text)
+                while len(self._memo) > self.memo_size:
+                    self._memo.popitem(last=False)
+        for row in twins:
+            self._replay(row)
+            self.stats["memo_hits"] += 1
         dt = time.monotonic() - t0
         out: list[list[Completion]] = [[] for _ in requests]
         for row in rows:
@@ -218,6 +276,50 @@ class TransformersPolicy:
                 forced=list(row.forced) if row.processor is not None else None,
                 allowed=list(row.allowed) if self.masked_logprobs else None))
         return out
+
+    def _memo_key(self, ids: list[int], offered, r: GenerationRequest) -> bytes:
+        """Greedy decoding is a function of the prompt ids, the grammar (the offered tools and
+        bounds) and the length and stop limits: one digest of all of them."""
+        import hashlib
+        import json
+        from array import array
+
+        h = hashlib.blake2b(array("i", ids).tobytes(), digest_size=20)
+        h.update(json.dumps([offered if self.constrained else None, repr(self.grammar.get("bounds")),
+                             r.max_tokens, list(r.stop), self.masked_logprobs], sort_keys=True,
+                            default=str).encode())
+        return h.digest()
+
+    def _replay(self, row: _Row) -> None:
+        out, lps, forced, allowed, finish, text = self._memo[row.memo]
+        self._memo.move_to_end(row.memo)
+        row.out, row.lps, row.forced, row.allowed = list(out), list(lps), list(forced), list(allowed)
+        row.finish, row.text = finish, text
+
+    def _lookup(self, ids: list[int]):
+        """(KV, length) of the longest kept prefix of `ids` (an episode's earlier turn, or the
+        system turn every episode shares), or (None, 0). Keys are (length, digest of the ids):
+        the KV of a position depends on the ids up to it only, so any kept prefix is exact."""
+        import hashlib
+        from array import array
+
+        raw = array("i", ids).tobytes()
+        for n in sorted({n for n, _ in self._kv} | {n for n, _ in self._shared}, reverse=True):
+            if n > len(ids) - 1:            # at least one new token to feed
+                continue
+            key = (n, hashlib.blake2b(raw[:4 * n], digest_size=20).digest())
+            for store in (self._kv, self._shared):
+                if key in store:
+                    store.move_to_end(key)
+                    return store[key], n
+        return None, 0
+
+    @staticmethod
+    def _key(ids: list[int]):
+        import hashlib
+        from array import array
+
+        return len(ids), hashlib.blake2b(array("i", ids).tobytes(), digest_size=20).digest()
 
     @contextmanager
     def _attention(self):
@@ -236,62 +338,113 @@ class TransformersPolicy:
             cfg._attn_implementation = old
 
     def _processor(self, tools):
-        from ratchet.policy.grammar import tool_call_logits_processor
-        return tool_call_logits_processor(self.tok, tools, vocab_size=self.model.config.vocab_size, **self.grammar)
+        from ratchet.policy.grammar import token_matcher
+        return token_matcher(self.tok, tools, vocab_size=self.model.config.vocab_size, **self.grammar)
 
     def _decode_text(self, ids: list[int]) -> str:
         ids = ids[:-1] if ids and ids[-1] in self.eos_ids else ids
         return self.tok.decode(ids, skip_special_tokens=False)
 
     def _decode(self, rows: list[_Row]) -> None:
+        """Decode `rows` together. Each forward feeds every live row's pending tokens: first its
+        prompt after the cached part, then the token it sampled plus the run of tokens the grammar
+        forced after it (jump-forward: a forced token needs no logits to be chosen, so the run is
+        fed in one forward instead of one forward per token). Row i's columns are [its cached KV
+        right-aligned][per forward: its pending tokens left-padded to the widest] with mask 0 on
+        padding; positions continue per row. Logprobs of forced tokens come from the logits of the
+        forward that feeds them (the same numbers a token-by-token loop computes); a row that
+        finishes inside a forced run is fed once more for them when its logprobs are unmasked."""
         import torch
 
         dev = self.model.device
-        # Row i = [its cached KV, right-aligned in `wc` columns][its new tokens, left-padded to `wn`]
-        # with mask 0 on the padding; positions continue from the cached length.
         wc = max(r.cached for r in rows)
-        new = [r.prompt_ids[r.cached:] for r in rows]
-        wn = max(len(x) for x in new)
-        ids = torch.tensor([[self.pad_id] * (wn - len(x)) + x for x in new], device=dev)
-        mask = torch.tensor([[0] * (wc - r.cached) + [1] * r.cached + [0] * (wn - len(x)) + [1] * len(x)
-                             for r, x in zip(rows, new)], device=dev)
-        pos = torch.tensor([[0] * (wn - len(x)) + list(range(r.cached, r.cached + len(x)))
-                            for r, x in zip(rows, new)], device=dev)
-        past, live = self._past(rows, wc), list(rows)
-        self.stats["prefill_tokens"] += sum(map(len, new))
+        mask = torch.tensor([[0] * (wc - r.cached) + [1] * r.cached for r in rows], device=dev, dtype=torch.long)
+        pend = [r.prompt_ids[r.cached:] for r in rows]
+        nxt_pos = [r.cached for r in rows]
+        past, live, first = self._past(rows, wc), list(rows), True
+        self.stats["prefill_tokens"] += sum(map(len, pend))
         self.stats["cached_tokens"] += sum(r.cached for r in rows)
+        for r in rows:
+            r.fed = 0
+            if r.processor is not None:
+                r.mask = r.processor.allowed()
         with torch.inference_mode():
-            for _ in range(max(r.max_tokens for r in rows)):
+            while live:
+                w = max(len(p) for p in pend)
+                ids = torch.tensor([[self.pad_id] * (w - len(p)) + p for p in pend], device=dev)
+                block = torch.tensor([[0] * (w - len(p)) + [1] * len(p) for p in pend], device=dev, dtype=torch.long)
+                pos = torch.tensor([[0] * (w - len(p)) + list(range(q, q + len(p))) for p, q in zip(pend, nxt_pos)],
+                                   device=dev)
+                mask = torch.cat([mask, block], dim=1)
+                keep = w if not first and any(None in r.lps for r in live) else 1
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                                 past_key_values=past, use_cache=True, logits_to_keep=1)
-                past, logits = out.past_key_values, out.logits[:, -1, :].float()
-                if self.prefix_cache and any(r.share for r in live):
-                    for i, r in enumerate(live):     # after the prefill: keep the system turn's KV
-                        key = tuple(r.prompt_ids[:r.share])
-                        if r.share and key not in self._shared:
-                            cols = mask[i].nonzero()[:r.share, 0]
-                            self._shared[key] = [(layer.keys[i][:, cols].clone(), layer.values[i][:, cols].clone())
-                                                 for layer in past.layers]
-                            while len(self._shared) > 8:
-                                self._shared.popitem(last=False)
-                        r.share = 0
-                nxt = [self._step(r, logits[i]) for i, r in enumerate(live)]
-                self.stats["decode_steps"] += 1
-                keep = [i for i, r in enumerate(live) if not r.finish]
-                if self.prefix_cache:
-                    for i, r in enumerate(live):
-                        if r.finish:
-                            self._save(r, past, i, mask[i])
-                if not keep:
+                                 past_key_values=past, use_cache=True, logits_to_keep=keep)
+                past, logits = out.past_key_values, out.logits.float()
+                self.stats["forwards"] += 1
+                self.stats["decode_steps"] += 0 if first else 1
+                if first and self.prefix_cache:
+                    self._keep_system_turns(live, past, mask)
+                for i, r in enumerate(live):
+                    if not first:
+                        self._fill_logprobs(r, logits[i], len(pend[i]), w)
+                        r.fed += len(pend[i])
+                    nxt_pos[i] += len(pend[i])
+                first = False
+                stay, new_pend = [], []
+                for i, r in enumerate(live):
+                    if not r.finish:
+                        start = len(r.out)
+                        self._step(r, logits[i, -1])
+                        while self.jump_forward and not r.finish and r.processor is not None and int(r.mask.sum()) == 1:
+                            self._forced(r)
+                        # the rest to feed: all but the last token of a finished row (never fed),
+                        # and for a finished row only when forced tokens still lack logprobs
+                        todo = r.out[start:] if not r.finish else r.out[start:-1]
+                        if r.finish and None not in r.lps:
+                            todo = []
+                    else:
+                        todo = []
+                    if todo:
+                        stay.append(i)
+                        new_pend.append(todo)
+                    elif self.prefix_cache:
+                        self._save(r, past, i, mask[i])
+                if not stay:
                     break
-                if len(keep) < len(live):      # finished rows leave the batch (and the KV cache)
-                    idx = torch.tensor(keep, device=dev)
+                if len(stay) < len(live):      # finished rows leave the batch (and the KV cache)
+                    idx = torch.tensor(stay, device=dev)
                     past.batch_select_indices(idx)
-                    mask, pos = mask[idx], pos[idx]
-                    live, nxt = [live[i] for i in keep], [nxt[i] for i in keep]
-                ids = torch.tensor(nxt, device=dev)[:, None]
-                mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
-                pos = pos[:, -1:] + 1
+                    mask = mask[idx]
+                    live, nxt_pos = [live[i] for i in stay], [nxt_pos[i] for i in stay]
+                pend = new_pend
+
+    def _fill_logprobs(self, r: _Row, logits, n: int, w: int) -> None:
+        """Logprobs of forced tokens from this forward's logits: r.out[fed + k] is scored by the
+        logits at the fed token before it (column w - n + k - 1); k = n is the token after the
+        block, which a finished row's last forward leaves out (it is never fed)."""
+        import torch
+
+        if logits.shape[0] != w:
+            return
+        for k in range(1, n + 1):
+            j = r.fed + k
+            if j < len(r.out) and r.lps[j] is None:
+                col = logits[w - n + k - 1]
+                scaled = col / r.temperature if r.temperature > 0 else col
+                r.lps[j] = float(torch.log_softmax(scaled, -1)[r.out[j]])
+
+    def _keep_system_turns(self, live, past, mask) -> None:
+        """After the first forward: keep the system turn's KV of rows that start one."""
+        for i, r in enumerate(live):
+            if r.share:
+                key = self._key(r.prompt_ids[:r.share])
+                if key not in self._shared:
+                    cols = mask[i].nonzero()[:r.share, 0]
+                    self._shared[key] = [(layer.keys[i][:, cols].clone(), layer.values[i][:, cols].clone())
+                                         for layer in past.layers]
+                    while len(self._shared) > 8:
+                        self._shared.popitem(last=False)
+                r.share = 0
 
     def _system_turn(self, ids: list[int]) -> int:
         """Length of the prompt's first turn (up to its first stop token: the system prompt and
@@ -323,24 +476,21 @@ class TransformersPolicy:
         return make(layers)
 
     def _save(self, r: _Row, past, i: int, mask_row) -> None:
-        """Keep a finished row's KV (every id fed: the prompt and all sampled ids but the last),
-        so the episode's next turn prefills only its new tokens."""
+        """Keep a finished row's KV (the prompt and the sampled ids fed so far), so the episode's
+        next turn prefills only what follows."""
         keep = mask_row.bool()
-        self._kv[tuple(r.prompt_ids + r.out[:-1])] = [
+        self._kv[self._key(r.prompt_ids + r.out[:r.fed])] = [
             (layer.keys[i][:, keep].clone(), layer.values[i][:, keep].clone()) for layer in past.layers]
         while len(self._kv) > self.prefix_cache:
             self._kv.popitem(last=False)
 
-    def _step(self, r: _Row, logits) -> int:
-        """Pick row r's next token (and record it)."""
+    def _step(self, r: _Row, logits) -> None:
+        """Pick row r's next token from the logits (and record it)."""
         import torch
 
         scaled = logits / r.temperature if r.temperature > 0 else logits
         logp = torch.log_softmax(scaled, -1)
-        pick = scaled
-        if r.processor is not None:
-            seen = torch.tensor([r.prompt_ids + r.out])
-            pick = r.processor(seen, scaled[None].clone())[0]
+        pick = scaled if r.processor is None else scaled.masked_fill(~r.mask, float("-inf"))
         if r.temperature == 0:
             tok = int(torch.argmax(pick))
         else:
@@ -350,15 +500,31 @@ class TransformersPolicy:
                 drop = srt.cumsum(-1) - srt > r.top_p
                 probs = probs.scatter(0, idx[drop], 0.0)
             tok = int(torch.multinomial(probs, 1, generator=r.gen))
+        forced = r.processor is not None and int(r.mask.sum()) == 1
+        if self.masked_logprobs:
+            logp = torch.log_softmax(pick, -1)
+        self._append(r, tok, float(logp[tok]), forced)
+
+    def _forced(self, r: _Row) -> None:
+        """Append the one token the grammar allows, without logits (jump-forward). Its logprob is
+        0 under the masked distribution, else filled in when it is fed. A sampling row still
+        draws from its generator, so later choices see the random stream a token-by-token loop
+        gives them (the same tokens for a seed, with or without jump-forward)."""
+        import torch
+
+        tok = int(r.mask.nonzero()[0, 0])
+        if r.temperature > 0:
+            torch.multinomial(r.mask.float(), 1, generator=r.gen)
+        self._append(r, tok, 0.0 if self.masked_logprobs else None, True)
+
+    def _append(self, r: _Row, tok: int, lp, forced: bool) -> None:
         r.out.append(tok)
+        r.lps.append(lp)
         if r.processor is not None:     # one allowed token: the grammar chose it (Completion.forced)
-            ok = torch.isfinite(pick)
-            forced = bool(ok.sum() == 1)
             r.forced.append(forced)
             if self.masked_logprobs:
-                r.allowed.append(None if forced else ok.nonzero()[:, 0].tolist())
-                logp = torch.log_softmax(pick, -1)
-        r.lps.append(float(logp[tok]))
+                r.allowed.append(None if forced else r.mask.nonzero()[:, 0].tolist())
+            r.processor.accept(tok)
         if tok in self.eos_ids:
             r.finish = "stop"
         elif r.stop:
@@ -368,4 +534,5 @@ class TransformersPolicy:
                 r.finish, r.text = "stop", text[:hit]
         if not r.finish and len(r.out) >= r.max_tokens:
             r.finish = "length"
-        return tok
+        if not r.finish and r.processor is not None:
+            r.mask = r.processor.allowed()

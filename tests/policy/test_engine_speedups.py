@@ -1,0 +1,93 @@
+"""The transformers engine's three shortcuts change no sampled token: jump-forward over
+grammar-forced runs (one forward for a run instead of one per token), the greedy completion memo
+(a greedy turn is a function of its prompt ids and grammar: seeds of a deterministic episode decode
+once), and KV prefixes looked up by content (kept after use, so a second episode with the same
+history reuses them). The reference is the plain path: transformers' own attention, one forward per
+token, no memo, no prefix cache."""
+import pytest
+
+from ratchet.policy import GenerationRequest
+from ratchet.policy.engines.transformers_engine import TransformersPolicy
+from ratchet.policy.grammar import Bounds
+from sandboxes.tools import TOOL_SCHEMAS
+
+pytestmark = pytest.mark.training
+
+SYS = {"role": "system", "content": "You repair code."}
+GRAMMAR = {"bounds": Bounds(thought_chars=0, max_string=16, max_items=2)}   # calls only, as the embedded policy
+TOOLS = [t for t in TOOL_SCHEMAS if (t.get("function") or t)["name"] in ("run_tests", "localize", "apply_edit")]
+
+
+def _reqs(temperature, n=2, k=3):
+    return [GenerationRequest([SYS, {"role": "user", "content": "fix add " + "x" * (3 * i)}], TOOLS, seed=40 + i,
+                              max_tokens=80, temperature=temperature, n=n) for i in range(k)]
+
+
+def _plain(tiny, **kw):
+    return TransformersPolicy(*tiny, constrained=True, grammar=GRAMMAR, gqa_decode=False, jump_forward=False, memo_size=0,
+                              prefix_cache=0, **kw)
+
+
+def _same(a, b):
+    for x, y in zip(a, b):
+        for c, d in zip(x, y):
+            assert c.token_ids == d.token_ids and c.forced == d.forced and c.allowed == d.allowed
+            assert c.finish_reason == d.finish_reason
+            assert c.logprobs == pytest.approx(d.logprobs, abs=1e-4)
+
+
+@pytest.mark.parametrize("temperature,masked", [(0.0, False), (1.0, False), (1.0, True)])
+def test_jump_forward_feeds_forced_runs_and_changes_nothing(tiny, temperature, masked):
+    fast = TransformersPolicy(*tiny, constrained=True, grammar=GRAMMAR, memo_size=0, masked_logprobs=masked)
+    plain = _plain(tiny, masked_logprobs=masked)
+    reqs = _reqs(temperature)
+    a, b = fast.generate(reqs), plain.generate(reqs)
+    _same(a, b)
+    forced = sum(sum(c.forced) for x in a for c in x)
+    assert forced > 0 and all(c.finish_reason == "stop" for x in a for c in x)
+    # every forced token after the first of a run rides along in one forward
+    assert fast.stats["forwards"] < plain.stats["forwards"]
+    if masked:                 # a forced token has logprob 0 under the masked distribution
+        assert all(lp == 0.0 for x in a for c in x for lp, f in zip(c.logprobs, c.forced) if f)
+
+
+def test_greedy_memo_decodes_a_repeated_turn_once(tiny):
+    fast = TransformersPolicy(*tiny, constrained=True, grammar=GRAMMAR)
+    plain = _plain(tiny)
+    reqs = _reqs(0.0, n=1, k=3)
+    twice = reqs + reqs                                   # two seeds of the same turn, one call
+    a, b = fast.generate(twice), plain.generate(twice)
+    _same(a, b)
+    assert fast.stats["memo_hits"] == 3
+    before = fast.stats["forwards"]
+    again = fast.generate(reqs)                           # a later call: no forward at all
+    _same(again, b[:3])
+    assert fast.stats["forwards"] == before and fast.stats["memo_hits"] == 6
+    # another grammar or length limit is another key; sampling never reads the memo
+    fast.generate([GenerationRequest(reqs[0].messages, TOOLS[:1], seed=1, max_tokens=80)])
+    fast.generate([GenerationRequest(reqs[0].messages, TOOLS, seed=1, max_tokens=79)])
+    fast.generate([GenerationRequest(reqs[0].messages, TOOLS, seed=1, max_tokens=80, temperature=1.0)])
+    assert fast.stats["memo_hits"] == 6
+
+
+def test_kv_prefix_is_found_by_content_and_kept_after_use(tiny):
+    """Two episodes with one history (seeds of a deterministic task) reach turn 2 in different
+    calls: both read the KV the first turn left, and sample what a cold engine samples."""
+    warm, cold = TransformersPolicy(*tiny, constrained=True, grammar=GRAMMAR, memo_size=0), _plain(tiny)
+    conv = [SYS, {"role": "user", "content": "fix add please"}]
+    [[c1]] = warm.generate([GenerationRequest(conv, TOOLS, seed=3, max_tokens=80, temperature=1.0)])
+    nxt = conv + [{"role": "assistant", "content": c1.text,
+                   "tool_calls": [{"id": "c", "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+                                  for t in c1.tool_calls]},
+                  {"role": "tool", "tool_call_id": "c", "name": "run_tests", "content": "1 failed"}]
+    seconds = []
+    for seed in (5, 6):                                   # one call each: the entry survives its first use
+        cached = warm.stats["cached_tokens"]
+        req = GenerationRequest(nxt, TOOLS, seed=seed, max_tokens=80, temperature=1.0,
+                                prefix_ids=c1.prompt_ids + c1.token_ids)
+        [[c2]] = warm.generate([req])
+        assert warm.stats["cached_tokens"] - cached == len(c1.prompt_ids) + len(c1.token_ids) - 1
+        [[ref]] = cold.generate([req])
+        assert c2.token_ids == ref.token_ids and c2.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
+        seconds.append(c2.token_ids)
+    assert seconds[0] != seconds[1]                       # the seeds did sample differently
