@@ -164,11 +164,10 @@ def main(argv=None) -> int:
     from ratchet.policy.action_mask import structured_tools
     from ratchet.policy.embedded.corpus import task_texts
     from ratchet.policy.embedded.model import build_base_policy
-    from ratchet.policy.embedded.chat import make_view
     from ratchet.policy.embedded.decoding import read_view, write_decoding
     from types import SimpleNamespace
 
-    from ratchet.training.recipe import RecipeSettings, plot_curve, rl_stage, sft_stage, structured_rows
+    from ratchet.training.recipe import RecipeSettings, plot_curve, recipe_view, rl_stage, sft_stage, structured_rows
     from sandboxes.agents import fit_prior
     from sandboxes.humaneval import build_suite
     from sandboxes.runtime import LocalRuntime
@@ -196,7 +195,8 @@ def main(argv=None) -> int:
     # counts train tasks only, and no validation problem
     assert set(prior.task_ids) <= {b.task_id for b in train}
     assert not set(prior.task_ids) & {b.task_id for b in val} and prior.task_ids
-    view = None if a.no_prior_view else make_view(prior, source=f"fit_prior: {len(prior.task_ids)} train tasks")
+    # the view every embedded policy here reads (the recipe's, from this train-fit prior)
+    view = recipe_view(RecipeSettings(prior_view=not a.no_prior_view), [], prior)
     say(f"suite: {len(tasks)} tasks of {size['problems']} problems; train {len(train)} (even problems), "
         f"validation {len(val)} sampled (odd problems); prior fit on {len(prior.task_ids)} train tasks")
 
