@@ -45,8 +45,22 @@ def get_policy(policy_id: str, checkpoint_version: str = "", **policy_kwargs):
         from ratchet.policy import make_policy
 
         register_variants()          # harness variants ("harness:sbfl-top3") resolve in every process
-        _POLICIES[key] = make_policy(policy_id, **policy_kwargs)
+        _POLICIES[key] = make_policy(policy_id, **with_memo(policy_id, policy_kwargs))
     return _POLICIES[key]
+
+
+def with_memo(policy_id: str, policy_kwargs: dict) -> dict:
+    """A checkpoint's greedy completions are kept in RATCHET_HOME/cache/completions/<weights>.sqlite
+    (ratchet.policy.engines.completion_memo): each seed of an evaluation is its own Dagster run, and
+    a greedy policy's seeds of a deterministic episode ask the same turns. `memo_path=None` in the
+    policy kwargs turns it off."""
+    kw = dict(policy_kwargs)
+    if policy_id.partition(":")[0] in BATCHED_ENGINES and kw.get("path") and "memo_path" not in kw:
+        from ratchet.home import get_home
+        from ratchet.policy.engines.completion_memo import memo_file
+
+        kw["memo_path"] = str(memo_file(get_home().root, kw["path"]))
+    return kw
 
 
 def eval_id(policy_id: str, checkpoint_version: str, task_id: str, seed: int, environment_digest: str,

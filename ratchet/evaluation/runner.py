@@ -68,13 +68,14 @@ def holdout_plan(con, manifest_path: str | Path, *, task_limit: int | None = Non
 # ------------------------------------------------------------------------------- workers
 _RUNTIME = None
 # Batched policies: episodes per pool job, and how many of them are open at once (the most rows
-# one generate call decodes). A kill loses at most `workers` chunks. Concurrency 4: 16 episodes of
-# the trained embedded checkpoint (8 holdout tasks x 2 seeds, greedy, one process, load ~4) took
-# 55.6 s one at a time, 49.3 s at 4, 75.9 s at 8, 77-98 s at 16: the engine pads every row of a
-# batched prefill to the longest cached context, which outgrows the decode savings past 4
-# (docs/evaluation.md, Performance).
-CHUNK = 16
-CONCURRENCY = 4
+# one generate call decodes). A kill loses at most `workers` chunks. Was 16 / 4 while the engine
+# padded a batched prefill to the longest cached context (16 open took 77-98 s where 4 took 49 s);
+# it now prefills each row alone, and with the greedy memo a task's 3 seeds are one row, so a
+# chunk of 8 tasks x 3 seeds is opened whole (bench/eval.py, 40 tasks x 3 under load 6-8: 4 open
+# 1,315 s, 12 open 1,319 s, 24 open 1,273-1,278 s extrapolated to 400 x 3; mean batch 2.0 / 5.9 /
+# 10.1 rows; docs/evaluation.md, Performance).
+CHUNK = 24          # 8 tasks x 3 seeds
+CONCURRENCY = 24    # all of a chunk open at once: with the greedy memo a task's seeds ask one batch row
 
 
 def _init_worker() -> None:
@@ -193,24 +194,50 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
 
 
 def _each(fn, jobs: list, n: int, take: Callable) -> None:
-    """take(fn(job)) for every job: in this process when n == 1, else in a pool of n workers,
-    results in completion order."""
+    """take(fn(job)) for every job exactly once: in this process when n == 1, else in a pool of n
+    workers, results in completion order. Spawn, not fork: a forked pool inside Dagster / pytest
+    can hang on terminate (PITFALLS). ProcessPoolExecutor, not multiprocessing.Pool: when a worker
+    dies mid-job, Pool.imap waits forever for the lost job (seen in full test runs, 2026-11-30);
+    the executor raises BrokenProcessPool, and the jobs without a result run here instead."""
     if n == 1:
         for j in jobs:
             take(fn(j))
         return
     import multiprocessing as mp
-    # spawn: a forked pool inside Dagster / pytest can hang on terminate (PITFALLS)
-    with mp.get_context("spawn").Pool(n, _init_worker) as pool:
-        for result in pool.imap_unordered(fn, jobs):
+    import warnings
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    left = dict(enumerate(jobs))
+    pool = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_init_worker)
+    try:
+        futures = {pool.submit(fn, j): k for k, j in left.items()}
+        for f in as_completed(futures):
+            result = f.result()
+            del left[futures[f]]
             take(result)
+    except BrokenProcessPool as e:
+        warnings.warn(f"evaluation: a worker process died ({e}); running its {len(left)} unfinished "
+                      "jobs in this process")
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)    # an error here stops queued jobs too
+    for k in sorted(left):
+        take(fn(left[k]))
 
 
 def _chunks(todo: list, n: int, chunk: int | None) -> list[list]:
-    """Consecutive jobs (a task's seeds together) in chunks of `chunk`, at most CHUNK by default
-    and small enough that every one of the n workers gets one."""
-    size = max(1, chunk or min(CHUNK, -(-len(todo) // n)))
-    return [todo[k:k + size] for k in range(0, len(todo), size)]
+    """Consecutive jobs in chunks of about `chunk` (default: at most CHUNK, sized so that every one
+    of the n workers gets the same number of chunks), cut only between tasks: a task's seeds share a chunk, hence a worker,
+    whose engine decodes a greedy turn the seeds share once (its completion memo)."""
+    per_worker = -(-len(todo) // (n * CHUNK))          # chunks per worker, so all finish together
+    size = max(1, chunk or -(-len(todo) // (n * max(1, per_worker))))
+    out: list[list] = []
+    for j in todo:
+        if out and (len(out[-1]) < size or out[-1][-1][2]["task_id"] == j[2]["task_id"]):
+            out[-1].append(j)
+        else:
+            out.append([j])
+    return out
 
 
 def _evaluate_chunks(todo: list, n: int, run_id: str, planned: int, sink, chunk: int | None,

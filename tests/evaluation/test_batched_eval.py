@@ -98,7 +98,7 @@ from ratchet.warehouse import Warehouse
 from ratchet.evaluation.runner import evaluate, holdout_plan, warehouse_sink
 wh = Warehouse(sys.argv[1])
 with wh.connect() as con:
-    plan = holdout_plan(con, sys.argv[2], task_limit=2)
+    plan = holdout_plan(con, sys.argv[2], task_limit=3)
 done, sink = warehouse_sink(wh)
 def slow_sink(rows):
     sink(rows)
@@ -115,31 +115,32 @@ def test_chunks_stream_and_a_killed_run_resumes_without_redoing_them(holdout, ti
     proc = subprocess.Popen([sys.executable, "-c", KILLED, str(wh.path), str(path), str(tiny_checkpoint)],
                             cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
     line = proc.stdout.readline()
-    assert line.startswith("stored 2"), f"the evaluation ended before its first chunk was stored: {line!r}"
+    # chunk=2 asked, but chunks are cut between tasks only (a task's seeds share a worker): 3
+    assert line.startswith("stored 3"), f"the evaluation ended before its first chunk was stored: {line!r}"
     os.killpg(proc.pid, signal.SIGKILL)               # while it holds the next chunks
     proc.wait()
     with wh.connect() as con:
         before = {r["eval_id"]: r["eval_run_id"] for r in tables.episode_rows(con)}
-        plan = holdout_plan(con, path, task_limit=2)
-    assert len(before) == 2                             # the first chunk, whole
+        plan = holdout_plan(con, path, task_limit=3)
+    assert len(before) == 3                             # the first chunk, whole
     done, sink = warehouse_sink(wh)
-    # resumed in a spawn pool (two workers, a chunk of 2 each): the rows of the one-at-a-time path
+    # resumed in a spawn pool (two workers, a task's 3 seeds each): the rows of the one-at-a-time path
     run = evaluate(plan, POLICY, "", seeds=[0, 1, 2], done=done, sink=sink, workers=2,
                    policy_kwargs=_kw(tiny_checkpoint))
-    assert run.batched and run.workers == 2 and run.skipped == 2 and len(run.rows) == 4
+    assert run.batched and run.workers == 2 and run.skipped == 3 and len(run.rows) == 6
     # (whether a chunk of 2 shares a generate call depends on sandbox timing: with 2 open episodes
     # the runner's min_batch is 1; batching itself is asserted in the test above, with 8 open)
-    assert run.chunk == 2 and run.timing["chunks"] == 2 and run.timing["requests"] >= run.timing["calls"]
+    assert run.chunk == 3 and run.timing["chunks"] == 2 and run.timing["requests"] >= run.timing["calls"]
     todo = {r["eval_id"] for r in run.rows}
     alone = evaluate(plan, POLICY, "", seeds=[0, 1, 2], workers=1, policy_kwargs=_kw(tiny_checkpoint), batched=False,
                      done=lambda ids: set(ids) - todo)
     assert _key(run.rows) == _key(alone.rows)
     with wh.connect() as con:
         after = {r["eval_id"]: r["eval_run_id"] for r in tables.episode_rows(con)}
-    assert len(after) == 6 and all(after[k] == v for k, v in before.items())   # finished rows untouched
+    assert len(after) == 9 and all(after[k] == v for k, v in before.items())   # finished rows untouched
     again = evaluate(plan, POLICY, "", seeds=[0, 1, 2], done=done, sink=sink, workers=1,
                      policy_kwargs=_kw(tiny_checkpoint))
-    assert again.skipped == 6 and again.rows == []
+    assert again.skipped == 9 and again.rows == []
 
 
 class _Down:

@@ -91,3 +91,41 @@ def test_kv_prefix_is_found_by_content_and_kept_after_use(tiny):
         assert c2.token_ids == ref.token_ids and c2.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
         seconds.append(c2.token_ids)
     assert seconds[0] != seconds[1]                       # the seeds did sample differently
+
+
+def test_greedy_memo_file_is_shared_by_engines_with_these_weights(tiny, tmp_path):
+    """Each seed of an evaluation runs in its own process: a second engine on the same weights
+    reads the first one's greedy turns from the file (no forward), with identical results."""
+    from ratchet.policy.engines.completion_memo import memo_file, weights_digest
+
+    model, tok = tiny
+    folder = tmp_path / "ckpt"
+    model.save_pretrained(folder)
+    path = memo_file(tmp_path / "home", folder)
+    assert path.parent == tmp_path / "home" / "cache" / "completions"
+    reqs = _reqs(0.0, n=1, k=3)
+    first = TransformersPolicy(*tiny, constrained=True, grammar=GRAMMAR, memo_path=path)
+    a = first.generate(reqs)
+    second = TransformersPolicy(*tiny, constrained=True, grammar=GRAMMAR, memo_path=path)
+    b = second.generate(reqs)
+    _same(a, b)
+    assert second.stats["forwards"] == 0 and second.stats["memo_hits"] == 3
+    # the file is named by the weights: a copy shares it, one changed byte does not
+    other = tmp_path / "other"
+    model.save_pretrained(other)
+    assert weights_digest(other) == weights_digest(folder)
+    (other / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:-4] + b"\0\0\0\1")
+    assert weights_digest(other) != weights_digest(folder)
+
+
+def test_evaluation_gives_learned_policies_the_memo_file(tmp_path, monkeypatch):
+    from ratchet.evaluation.episodes import with_memo
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    monkeypatch.setenv("RATCHET_HOME", str(tmp_path / "home"))
+    kw = with_memo("embedded:rl", {"path": str(ckpt)})
+    assert kw["memo_path"].startswith(str(tmp_path / "home" / "cache" / "completions"))
+    assert with_memo("embedded:rl", {"path": str(ckpt), "memo_path": None})["memo_path"] is None
+    assert "memo_path" not in with_memo("harness:sbfl", {})
