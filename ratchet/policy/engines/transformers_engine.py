@@ -40,7 +40,6 @@ and what a trainer sees are the same ids, never a re-tokenisation of sampled tex
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -138,8 +137,9 @@ class TransformersPolicy:
         # KV caches kept between calls (0: off): each episode's last turn (up to `prefix_cache` of
         # them), and the system turn (system prompt + tools) every episode of a task suite shares
         self.prefix_cache = prefix_cache
-        self._kv: OrderedDict = OrderedDict()       # (len, digest of ids fed) -> per layer (keys, values)
-        self._shared: OrderedDict = OrderedDict()   # the system turn (prompt + tools), shared by episodes
+        from ratchet.policy.engines.kv_prefix import PrefixStore
+
+        self._prefixes = PrefixStore(prefix_cache)
         # greedy completions by (prompt ids, grammar, limits): a greedy turn is a function of them,
         # so the seeds of a deterministic episode (and repeated prompts) decode once; `memo_path`:
         # a SQLite file other processes with these weights share (engines.completion_memo)
@@ -232,7 +232,7 @@ class TransformersPolicy:
             done = self._memo.get(memo) if memo is not None else None
             cache, cached, share = None, 0, 0
             if self.prefix_cache and done is None:
-                cache, cached = self._lookup(ids)
+                cache, cached = self._prefixes.lookup(ids)
                 if not cached:
                     share = self._system_turn(ids)
             for j in range(r.n):
@@ -292,31 +292,6 @@ class TransformersPolicy:
         row.out, row.lps, row.forced, row.allowed = list(out), list(lps), list(forced), list(allowed)
         row.finish, row.text = finish, text
         self.stats["memo_hits"] += 1
-
-    def _lookup(self, ids: list[int]):
-        """(KV, length) of the longest kept prefix of `ids` (an episode's earlier turn, or the
-        system turn every episode shares), or (None, 0). Keys are (length, digest of the ids):
-        the KV of a position depends on the ids up to it only, so any kept prefix is exact."""
-        import hashlib
-        from array import array
-
-        raw = array("i", ids).tobytes()
-        for n in sorted({n for n, _ in self._kv} | {n for n, _ in self._shared}, reverse=True):
-            if n > len(ids) - 1:            # at least one new token to feed
-                continue
-            key = (n, hashlib.blake2b(raw[:4 * n], digest_size=20).digest())
-            for store in (self._kv, self._shared):
-                if key in store:
-                    store.move_to_end(key)
-                    return store[key], n
-        return None, 0
-
-    @staticmethod
-    def _key(ids: list[int]):
-        import hashlib
-        from array import array
-
-        return len(ids), hashlib.blake2b(array("i", ids).tobytes(), digest_size=20).digest()
 
     @contextmanager
     def _attention(self):
@@ -433,11 +408,10 @@ class TransformersPolicy:
         r.cache = [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers]
         r.cached = len(r.prompt_ids)
         if r.share and self.prefix_cache:
-            key = self._key(r.prompt_ids[:r.share])
-            if key not in self._shared:
-                self._shared[key] = [(k[:, :r.share].clone(), v[:, :r.share].clone()) for k, v in r.cache]
-                while len(self._shared) > 8:
-                    self._shared.popitem(last=False)
+            head = r.prompt_ids[:r.share]
+            if not self._prefixes.has_shared(head):
+                self._prefixes.keep(head, [(k[:, :r.share].clone(), v[:, :r.share].clone()) for k, v in r.cache],
+                                    shared=True)
         r.share = 0
         if r.processor is not None:
             r.mask = r.processor.allowed()
@@ -491,10 +465,8 @@ class TransformersPolicy:
         """Keep a finished row's KV (the prompt and the sampled ids fed so far), so the episode's
         next turn prefills only what follows."""
         keep = mask_row.bool()
-        self._kv[self._key(r.prompt_ids + r.out[:r.fed])] = [
-            (layer.keys[i][:, keep].clone(), layer.values[i][:, keep].clone()) for layer in past.layers]
-        while len(self._kv) > self.prefix_cache:
-            self._kv.popitem(last=False)
+        self._prefixes.keep(r.prompt_ids + r.out[:r.fed], [
+            (layer.keys[i][:, keep].clone(), layer.values[i][:, keep].clone()) for layer in past.layers])
 
     def _step(self, r: _Row, logits) -> None:
         """Pick row r's next token from the logits (and record it)."""
