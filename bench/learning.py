@@ -9,6 +9,11 @@ groups can hold passes), both through `ratchet.training.recipe.train_candidate`;
 validation tasks with the same turn budget (and k attempts for the harnesses) for everyone:
 untrained base_policy, harness:random, harness:sbfl, harness:prior, SFT, RL.
 
+The view (default since run 6; `--no-prior-view`: the environment's order): every embedded policy
+here, the untrained one included, sees each `propose_edits` list in the order of that same
+train-fit prior (`ratchet.policy.embedded.chat.make_view`, saved with each checkpoint); the JSON's
+`view` says which order ran and whether the SFT and RL checkpoints carry it.
+
 Task success = the tests pass at submit (or at the turn limit); first-try fix = success with one
 candidate edit applied. 95% CIs: percentile bootstrap over tasks (ratchet.evaluation.stats).
 
