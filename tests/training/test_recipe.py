@@ -35,7 +35,10 @@ def test_train_candidate_sft_then_rl_under_the_mask(tmp_path, tiny_model, tokeni
     bundles = build_suite(seed=0, limit=1, per_problem=2, cache_dir=tmp_path / "suite").tasks[:1]
     s = RecipeSettings(sft_epochs=1.0, sft_batch=2, rl_steps=1, rl_tasks_per_step=1, rl_group_size=2,
                        max_turns=3, max_tokens=48)
-    res = train_candidate(base, rows, tmp_path / "cand", s, bundles=bundles, runtime=runtime)
+    from sandboxes.agents import fit_prior
+    prior = fit_prior(bundles)           # the caller's train-split tasks: the view's prior
+    assert prior.counts
+    res = train_candidate(base, rows, tmp_path / "cand", s, bundles=bundles, runtime=runtime, prior=prior)
     assert res.sft.steps >= 1 and res.rl.history[0]["step"] == 1
     assert res.rl.history[0]["infra_failures"] == 0
     for stage in ("sft", "rl"):
@@ -44,6 +47,8 @@ def test_train_candidate_sft_then_rl_under_the_mask(tmp_path, tiny_model, tokeni
     for ckpt in (res.sft.checkpoint, res.rl.checkpoint):
         pol = make_policy("embedded:cand", path=str(ckpt))
         assert pol.action_mask == "structured" and pol.grammar["bounds"].thought_chars == 0
+        # SFT trained and RL sampled under the view; both save it, and the resolver reads it back
+        assert pol.view == res.sft.view and pol.view["prior"]["counts"] == prior.counts
     meta = json.loads((res.rl.checkpoint / "ratchet_checkpoint.json").read_text())
     assert meta["settings"]["action_mask"] == "structured" and meta["settings"]["choice_only"] is True
 
