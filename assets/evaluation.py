@@ -54,6 +54,8 @@ class HoldoutEvalConfig(dg.Config):
     rate_card_path: Optional[str] = None  # YAML (ratchet.evaluation.economics.RateCard); default card
     policy_kwargs_json: str = "{}"        # engine arguments, e.g. {"path": "<checkpoint>"} or {"k": 4}
     retry_infra: bool = False             # re-run episodes whose stored row is an infra failure
+    chunk: Optional[int] = None           # learned policies: episodes per pool job (default runner.CHUNK)
+    concurrency: Optional[int] = None     # learned policies: episodes open at once per job (runner.CONCURRENCY)
 
 
 def _judge_name(config) -> str:
@@ -89,7 +91,8 @@ def holdout_eval(context: dg.AssetExecutionContext, config: HoldoutEvalConfig,
                               judge=judge_config(config.judge, config.judge_base_url, config.judge_model),
                               rate_card=_card(config.rate_card_path),
                               policy_kwargs=json.loads(config.policy_kwargs_json),
-                              retry_infra=config.retry_infra, run_tag=context.run_id)
+                              retry_infra=config.retry_infra, run_tag=context.run_id,
+                              chunk=config.chunk, concurrency=config.concurrency)
     context.log.info(f"{policy_id} seed {seed}: {res['display']} ({res['ran']} run, {res['skipped']} resumed)")
     # An improvement cycle tags its eval runs with its candidate: that event asks for a promotion.
     cand = {} if context.run.tags.get("ratchet/candidate") != policy_id else {

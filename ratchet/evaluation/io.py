@@ -29,7 +29,8 @@ def split_policy(policy_id: str) -> str:
 
 def run_holdout_eval(wh, manifest_path, policy_id: str, seed: int, *, workers: int | None = None,
                      task_limit: int | None = None, judge: dict | None = None, rate_card=None,
-                     policy_kwargs: dict | None = None, retry_infra: bool = False, run_tag: str = "") -> dict:
+                     policy_kwargs: dict | None = None, retry_infra: bool = False, run_tag: str = "",
+                     chunk: int | None = None, concurrency: int | None = None) -> dict:
     """Verify the manifest, run the policy on every holdout task for one seed (resuming), and
     report this seed's figures over all its stored rows."""
     from ratchet.evaluation.runner import evaluate, holdout_plan
@@ -50,7 +51,8 @@ def run_holdout_eval(wh, manifest_path, policy_id: str, seed: int, *, workers: i
 
     version = split_policy(policy_id)
     run = evaluate(plan, policy_id, version, seeds=[seed], done=done, sink=sink, workers=workers, judge=judge,
-                   rate_card=rate_card, policy_kwargs=policy_kwargs,
+                   rate_card=rate_card, policy_kwargs=policy_kwargs, chunk=chunk,
+                   **({"concurrency": concurrency} if concurrency else {}),
                    eval_run_id=f"{run_tag}:{policy_id}:{seed}" if run_tag else None)
     ids = {b.task_id for b in plan.bundles}
     with wh.connect() as con:

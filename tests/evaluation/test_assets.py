@@ -59,7 +59,7 @@ def test_holdout_eval_partitions_then_summary_economics_scorecard(holdout, home,
     from ratchet.evaluation import tables
 
     wh, path, tasks = holdout
-    ops = {"holdout_eval": {"config": {"workers": 1, "task_limit": 2}}}
+    ops = {"holdout_eval": {"config": {"workers": 1, "task_limit": 2, "chunk": 4, "concurrency": 4}}}
     for p in POLICIES:
         for s in ("0", "1"):
             res = _materialize([holdout_eval], home.root, instance, partition=(p, s), ops=ops)
