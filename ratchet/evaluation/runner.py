@@ -156,9 +156,10 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
     from ratchet.policy.base import engine_names
     from sandboxes.verifiers.judge import make_judge
 
-    if judge:
-        check_judge(make_judge(judge), policy_id)                 # before anything runs
-    grader = judge_id(make_judge(judge) if judge else None)       # part of each episode's id
+    made = make_judge(judge) if judge else None
+    if made is not None:
+        check_judge(made, policy_id)                              # before anything runs
+    grader = judge_id(made)                                       # part of each episode's id
     if policy_id.partition(":")[0] not in engine_names():
         raise ValueError(f"unknown engine in policy id {policy_id!r}; engines: {engine_names()}")
     run_id = eval_run_id or uuid.uuid4().hex
