@@ -98,7 +98,7 @@ def test_greedy_memo_file_is_shared_by_engines_with_these_weights(tiny, tmp_path
     reads the first one's greedy turns from the file (no forward), with identical results."""
     from ratchet.policy.engines.completion_memo import memo_file, weights_digest
 
-    model, tok = tiny
+    model = tiny[0]
     folder = tmp_path / "ckpt"
     model.save_pretrained(folder)
     path = memo_file(tmp_path / "home", folder)
@@ -129,3 +129,33 @@ def test_evaluation_gives_learned_policies_the_memo_file(tmp_path, monkeypatch):
     assert kw["memo_path"].startswith(str(tmp_path / "home" / "cache" / "completions"))
     assert with_memo("embedded:rl", {"path": str(ckpt), "memo_path": None})["memo_path"] is None
     assert "memo_path" not in with_memo("harness:sbfl", {})
+
+
+def test_a_locked_or_broken_memo_file_never_fails_generation(tiny, tmp_path):
+    """Two processes opening the file at once, or a broken file: the memo warns and goes on in
+    memory; the completions are the plain path's."""
+    import sqlite3
+
+    from ratchet.policy.engines.completion_memo import CompletionMemo
+
+    path = tmp_path / "memo.sqlite"
+    CompletionMemo(8, path)                                  # creates it (WAL)
+    holder = sqlite3.connect(str(path))
+    holder.execute("BEGIN EXCLUSIVE")                        # another process holds the write lock
+
+    def open_and_write():
+        memo = CompletionMemo(8, path, timeout=0.2)
+        memo.put_many([(b"k", (1, 2))])
+        return memo
+
+    with pytest.warns(UserWarning, match="going on in memory"):
+        memo = open_and_write()
+    assert memo.get(b"k") == (1, 2)                          # in memory still
+    holder.rollback()
+    holder.close()
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"not a database" * 100)
+    with pytest.warns(UserWarning, match="going on in memory"):
+        p = TransformersPolicy(*tiny, constrained=True, grammar=GRAMMAR, memo_path=bad)
+    reqs = _reqs(0.0, n=1, k=2)
+    _same(p.generate(reqs), _plain(tiny).generate(reqs))

@@ -39,16 +39,52 @@ def memo_file(home, checkpoint) -> Path:
 
 
 class CompletionMemo:
-    def __init__(self, size: int, path: str | Path | None = None):
-        self.size, self.path = size, Path(path) if path else None
+    """The file is an optimisation, never a dependency: if it cannot be opened, read or written
+    (locked past `timeout`, disk full, corrupt), the memo warns once and goes on in memory, so no
+    episode fails because of it. (Measured: two workers opening one file at once could fail the
+    WAL switch with "database is locked", which before this voided a 24-episode chunk.)"""
+
+    def __init__(self, size: int, path: str | Path | None = None, *, timeout: float = 60.0):
+        self.size, self.path, self.timeout = size, Path(path) if path else None, timeout
         self._mem: OrderedDict = OrderedDict()
         self._db = None
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(self.path), timeout=60, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("CREATE TABLE IF NOT EXISTS memo (key BLOB PRIMARY KEY, value TEXT NOT NULL)")
-            self._db.commit()
+            self._guard(self._open)
+
+    def _open(self) -> None:
+        import time
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(str(self.path), timeout=self.timeout, check_same_thread=False)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:                         # the journal-mode switch does not wait on a busy file
+                if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    db.execute("PRAGMA journal_mode=WAL")
+                db.execute("CREATE TABLE IF NOT EXISTS memo (key BLOB PRIMARY KEY, value TEXT NOT NULL)")
+                db.commit()
+                break
+            except sqlite3.OperationalError:
+                if time.monotonic() > deadline:
+                    db.close()
+                    raise
+                time.sleep(0.05)
+        self._db = db
+
+    def _guard(self, fn, *args):
+        try:
+            return fn(*args)
+        except (sqlite3.Error, OSError) as e:
+            import warnings
+
+            warnings.warn(f"completion memo {self.path}: {type(e).__name__}: {e}; going on in memory only")
+            if self._db is not None:
+                try:
+                    self._db.close()
+                except sqlite3.Error:
+                    pass
+            self._db = None
+            return None
 
     def get(self, key: bytes):
         if key in self._mem:
@@ -56,7 +92,7 @@ class CompletionMemo:
             return self._mem[key]
         if self._db is None:
             return None
-        row = self._db.execute("SELECT value FROM memo WHERE key = ?", (key,)).fetchone()
+        row = self._guard(lambda: self._db.execute("SELECT value FROM memo WHERE key = ?", (key,)).fetchone())
         if row is None:
             return None
         value = tuple(json.loads(row[0]))
@@ -67,17 +103,13 @@ class CompletionMemo:
         for key, value in items:
             self._remember(key, value)
         if self._db is not None and items:
-            with self._db:
-                self._db.executemany("INSERT OR IGNORE INTO memo VALUES (?, ?)",
-                                     [(k, json.dumps(list(v))) for k, v in items])
+            self._guard(self._write, [(k, json.dumps(list(v))) for k, v in items])
+
+    def _write(self, rows) -> None:
+        with self._db:
+            self._db.executemany("INSERT OR IGNORE INTO memo VALUES (?, ?)", rows)
 
     def _remember(self, key: bytes, value: tuple) -> None:
         self._mem[key] = value
         while len(self._mem) > self.size:
             self._mem.popitem(last=False)
-
-    def __getstate__(self):             # a policy pickled to a worker reopens the file there
-        return {"size": self.size, "path": self.path}
-
-    def __setstate__(self, state):
-        self.__init__(state["size"], state["path"])
