@@ -27,7 +27,7 @@ FULL = {"problems": None, "tasks": 120, "eval_tasks": 20}
 DEMO_POLICIES = ("harness:random", "harness:sbfl", "scripted:expert")
 # The demo candidate's training, sized for the 15-minute budget on 2 cores (docs/training.md has
 # the learning bench's larger runs). Quick: a smoke-sized model and a step or two.
-TRAIN = {"rl_checkpoint": {"config": {"steps": 4, "group_size": 6}}}     # RecipeSettings.demo()
+TRAIN = {"rl_checkpoint": {"config": {"steps": 4, "tasks_per_step": 2, "group_size": 6}}}   # RecipeSettings.demo()
 QUICK_TRAIN = {
     "base_policy": {"config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                                "vocab_size": 512}},
