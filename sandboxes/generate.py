@@ -155,9 +155,31 @@ def run_jobs(jobs: list[Job], bundles: dict, workers: int, root=None) -> dict:
         _init_worker(bundles, root)
         return dict(map(_run_job, jobs))
     import multiprocessing as mp
-    # spawn: a forked pool inherits the caller's threads' locks and signal handlers (pytest, Dagster)
-    with mp.get_context("spawn").Pool(workers, _init_worker, (bundles, root)) as pool:
-        return dict(pool.imap_unordered(_run_job, jobs))
+    import warnings
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    # spawn: a forked pool inherits the caller's threads' locks and signal handlers (pytest, Dagster).
+    # ProcessPoolExecutor, not multiprocessing.Pool: a full test run hung (2026-11-30) with this
+    # pool's workers blocked on its task queue's lock after one of them died holding it; the
+    # executor raises BrokenProcessPool instead, and the jobs without a result run here.
+    out: dict = {}
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                               initargs=(bundles, root))
+    try:
+        futures = {pool.submit(_run_job, j): j for j in jobs}
+        for f in as_completed(futures):
+            k, run = f.result()
+            out[k] = run
+    except BrokenProcessPool as e:
+        warnings.warn(f"generate: a worker process died ({e}); running the rest in this process")
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    left = [j for j in jobs if j.index not in out]
+    if left:
+        _init_worker(bundles, root)
+        out.update(map(_run_job, left))
+    return out
 
 
 # --------------------------------------------------------------------------- records
