@@ -120,7 +120,7 @@ class TransformersPolicy:
         self.model, self.tok = model, tokenizer
         self.policy_id, self.constrained, self.chat = policy_id, constrained, chat
         self.max_batch, self.threads = max_batch, threads
-        self.grammar = dict(grammar or {})          # kwargs of tool_call_logits_processor (bounds=...)
+        self.grammar = dict(grammar or {})          # kwargs of grammar.token_matcher (bounds=...)
         if action_mask not in (None, "structured"):
             raise ValueError(f"action_mask must be None or 'structured', got {action_mask!r}")
         if action_mask and not constrained:
