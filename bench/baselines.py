@@ -61,8 +61,11 @@ def main(argv=None) -> dict:
     jobs = [(agent, b, a.k, a.seed) for b in sample for agent in ("random", "sbfl")]
     if a.workers > 1:
         import multiprocessing as mp
-        with mp.get_context("fork").Pool(a.workers, _init) as p:
-            results = list(p.imap_unordered(_job, jobs))
+        from concurrent.futures import ProcessPoolExecutor
+
+        # not multiprocessing.Pool: it waits forever when a worker dies (PITFALLS; seen 2026-11-30)
+        with ProcessPoolExecutor(a.workers, mp_context=mp.get_context("fork"), initializer=_init) as p:
+            results = list(p.map(_job, jobs))
     else:
         _init()
         results = list(map(_job, jobs))

@@ -161,17 +161,22 @@ def ingest(paths: list[str | os.PathLike], warehouse: Warehouse, options: Ingest
     pool = None
     if workers > 1 and any(_size(f) >= PARALLEL_MIN_BYTES for f, _ in files):
         import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
 
-        # spawn: forking a threaded Dagster/DuckDB process is unsafe. Started first and warmed up
-        # (imports) while this process opens the warehouse and reads the ids already stored.
-        pool = mp.get_context("spawn").Pool(workers, initializer=worker_init)
+        # spawn: forking a threaded Dagster/DuckDB process is unsafe. ProcessPoolExecutor, not
+        # multiprocessing.Pool: a Pool whose worker dies waits forever (a full test run hung so,
+        # 2026-11-30); the executor raises BrokenProcessPool and the range runs here instead.
+        # Started first and warmed up (imports) while this process opens the warehouse.
+        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=worker_init)
+        for _ in range(workers):
+            pool.submit(int)            # one no-op per worker starts them all now
     try:
         warehouse.ensure_schema()
         with warehouse.ingest_lock():
             return _ingest(files, skipped, paths, warehouse, opts, progress, pool, workers, t0)
     finally:
         if pool is not None:
-            pool.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)   # ranges are bounded (RANGE_BYTES)
 
 
 def compact(warehouse: Warehouse, min_parts: int = 2) -> dict:

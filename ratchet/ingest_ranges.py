@@ -92,6 +92,30 @@ class _Done:
         return self.value
 
 
+class _Range:
+    """One range on the pool; if its worker died (BrokenProcessPool) it is normalised here, so a
+    lost worker costs time, never records."""
+
+    def __init__(self, pool, args):
+        from concurrent.futures.process import BrokenProcessPool
+
+        self.args, self.future = args, None
+        try:
+            self.future = pool.submit(normalise_range, *args)
+        except BrokenProcessPool:
+            pass
+
+    def get(self):
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            if self.future is not None:
+                return self.future.result()
+        except BrokenProcessPool:
+            pass
+        return normalise_range(*self.args)
+
+
 def parallel_ranges(pool, path: Path, ctx: FileContext, staging: Path, workers: int, sha=None):
     """Workers normalise ranges and stage Parquet parts; yield their results in file order
     with at most `2 * workers` ranges in flight."""
@@ -104,7 +128,7 @@ def parallel_ranges(pool, path: Path, ctx: FileContext, staging: Path, workers: 
             pending.append(_Done(ChunkResult(n_read=1, bad=[(raw, "record_too_large", raw.error[1], None)])))
         else:
             staged = staging / f"{path.name}-{i:06d}.parquet"
-            pending.append(pool.apply_async(normalise_range, (path, start, end, line, ctx, staged)))
+            pending.append(_Range(pool, (path, start, end, line, ctx, staged)))
         if len(pending) >= 2 * workers:
             yield pending.popleft().get()
     while pending:

@@ -1,7 +1,9 @@
 """Bad input: every record read is accepted, quarantined with a reason and its raw payload, or
 counted as a duplicate; nothing is lost and re-running changes nothing."""
+import functools
 import hashlib
 import json
+import os
 
 import pytest
 
@@ -170,6 +172,11 @@ def test_parallel_path_matches_inline(tmp_path, home, monkeypatch):
 
     s1, rows1, q1 = run("inline")
     s2, rows2, q2 = run("parallel", PARALLEL_MIN_BYTES=1, RANGE_BYTES=64 << 10)
+    # every worker dies at start: the ranges run in this process and nothing is lost or doubled
+    s3, rows3, q3 = run("dead-workers", PARALLEL_MIN_BYTES=1, RANGE_BYTES=64 << 10,
+                        worker_init=functools.partial(os._exit, 3))
+    assert (s3.read, s3.accepted, s3.quarantined, s3.duplicates) == (123, 120, 2, 1)
+    assert rows3 == rows1 and sorted(q3) == sorted(q2)
     assert (s1.read, s1.accepted, s1.quarantined, s1.duplicates) == (123, 120, 2, 1)
     assert (s2.read, s2.accepted, s2.quarantined, s2.duplicates) == (123, 120, 2, 1)
     assert rows1 == rows2

@@ -196,11 +196,16 @@ def test_processes_promote_at_most_once(tmp_path, good):
     """Three processes (two sensor ticks and a retry) drive one candidate through the warehouse's
     locked connections: each state is recorded once, by whichever got there first."""
     path = str(tmp_path / "warehouse.duckdb")
+    from concurrent.futures import ProcessPoolExecutor
+
     ctx = mp.get_context("spawn")
+    # ProcessPoolExecutor and timeouts, not Pool.starmap: a full run hung once in Pool.__exit__
+    # (a worker blocked on the task queue's lock); here a lost worker fails the test instead.
     with ctx.Manager() as m:
-        barrier = m.Barrier(3)
-        with ctx.Pool(3) as pool:
-            results = pool.starmap(_process_tick, [(path, good.to_dict(), barrier)] * 3)
+        barrier = m.Barrier(3, timeout=120)
+        with ProcessPoolExecutor(3, mp_context=ctx) as pool:
+            futures = [pool.submit(_process_tick, path, good.to_dict(), barrier) for _ in range(3)]
+            results = [f.result(timeout=300) for f in futures]
     applied = [sum(col) for col in zip(*results)]
     assert applied == [1, 1, 1, 1]
     con = duckdb.connect(path, read_only=True)
