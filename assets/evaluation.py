@@ -56,6 +56,7 @@ class HoldoutEvalConfig(dg.Config):
     retry_infra: bool = False             # re-run episodes whose stored row is an infra failure
     chunk: Optional[int] = None           # learned policies: episodes per pool job (default runner.CHUNK)
     concurrency: Optional[int] = None     # learned policies: episodes open at once per job (runner.CONCURRENCY)
+    test_cache: bool = True               # reuse test results an exact repeat of a run gives (sandboxes.result_cache)
 
 
 def _judge_name(config) -> str:
@@ -92,7 +93,7 @@ def holdout_eval(context: dg.AssetExecutionContext, config: HoldoutEvalConfig,
                               rate_card=_card(config.rate_card_path),
                               policy_kwargs=json.loads(config.policy_kwargs_json),
                               retry_infra=config.retry_infra, run_tag=context.run_id,
-                              chunk=config.chunk, concurrency=config.concurrency)
+                              chunk=config.chunk, concurrency=config.concurrency, test_cache=config.test_cache)
     context.log.info(f"{policy_id} seed {seed}: {res['display']} ({res['ran']} run, {res['skipped']} resumed)")
     # An improvement cycle tags its eval runs with its candidate: that event asks for a promotion.
     cand = {} if context.run.tags.get("ratchet/candidate") != policy_id else {

@@ -168,6 +168,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--concurrency", type=int, default=None,
                     help="embedded: episodes open at once per job (default runner.CONCURRENCY)")
     ap.add_argument("--sample-seed", type=int, default=0)
+    ap.add_argument("--no-test-cache", action="store_true",
+                    help="make every sandbox test run (the holdout_eval default reuses exact repeats: "
+                         "sandboxes.result_cache); the baseline samples never use the cache")
     a = ap.parse_args(argv)
 
     from ratchet.evaluation.runner import CONCURRENCY
@@ -191,7 +194,9 @@ def main(argv=None) -> dict:
                 sampling = {"temperature": a.temperature, "max_tokens": 256}
                 pk["sampling"] = sampling
             kw = {"policy_kwargs": pk, "chunk": a.chunk, "concurrency": a.concurrency or CONCURRENCY}
-        res, wall = run(wh, path, policy_id, seeds, a.workers, progress=True, **kw)
+        from ratchet.evaluation.runner import test_cache_file
+        cache = None if a.no_test_cache else test_cache_file(tmp)     # starts empty: a cold run
+        res, wall = run(wh, path, policy_id, seeds, a.workers, progress=True, test_cache=cache, **kw)
         rows = res.rows
         n = len(rows)
         b = max(1, a.baseline_episodes or (24 if embedded else 30))
@@ -226,7 +231,10 @@ def main(argv=None) -> dict:
            "cpu_floor_wall_s_400x3": round(res.timing["machine_cpu_s"] / n * full / (os.cpu_count() or 1), 1),
            "cpu_definition": "cpu_s: this process tree's rusage (misses sandbox processes); machine_cpu_s: "
                              "/proc/stat busy time over the run (includes neighbours); floor = "
-                             "machine CPU for 1,200 episodes / cores"}
+                             "machine CPU for 1,200 episodes / cores",
+           "test_cache": None if cache is None else {
+               "file": "empty at start (a cold run)", "hits": res.timing.get("test_cache_hits"),
+               "misses": res.timing.get("test_cache_misses"), "stored": res.timing.get("test_cache_stored")}}
     if embedded:
         t = res.timing
         ckpt_meta = ckpt / "ratchet_checkpoint.json"

@@ -421,8 +421,9 @@ class DockerEpisode:
         return None
 
     def run(self, cmd: str | list[str], timeout: float | None = None, *, stdin: str | None = None,
-            env: dict | None = None) -> ExecResult:
-        """Run a shell string (`sh -c`) or an argv list in the container, cwd = the workdir."""
+            env: dict | None = None, deterministic: bool = False) -> ExecResult:
+        """Run a shell string (`sh -c`) or an argv list in the container, cwd = the workdir.
+        (`deterministic` matters only to a runtime with a test-result cache; this one has none.)"""
         self._check_open()
         t = min(timeout or self.limits.wall_s, self.limits.wall_s)
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)

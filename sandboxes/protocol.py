@@ -24,8 +24,10 @@ class Episode(Protocol):
     commit: str                       # the pinned commit the worktree started from
 
     def run(self, cmd, timeout: float | None = None, *, stdin: str | None = None,
-            env: dict | None = None):
-        """Run a shell string or argv in the sandbox (cwd = repository root) -> ExecResult."""
+            env: dict | None = None, deterministic: bool = False):
+        """Run a shell string or argv in the sandbox (cwd = repository root) -> ExecResult.
+        `deterministic`: the caller vouches the effect depends only on the files and the command
+        (a runtime with a test-result cache may then keep reusing results after it)."""
 
     def run_tests(self, test_ids=None, *, coverage: bool = False, timeout: float | None = None):
         """Run pytest node ids (all when None) -> TestReport."""

@@ -13,7 +13,7 @@ per-test outcomes (passed / failed / error / skipped) and, optionally, per-test 
 via sys.settrace; the child sends them back over a pipe. The worker answers one JSON line:
 
     {"outcomes": {...}, "coverage": {...} | null, "exit_code": 0, "timed_out": false,
-     "test_timeouts": [...], "output": "<tail of pytest's output>"}
+     "test_timeouts": [...], "output": "<tail of pytest's output>", "scratch_changed": false}
 
 A run that exceeds its timeout has its process group killed (every requested test: error). With
 `test_cpu_s` each test also has its own CPU limit (`_PerTestLimit`): the test that uses more
@@ -412,6 +412,7 @@ class _Runner:
 
     def run(self, req: dict) -> dict:
         t0 = time.monotonic()
+        scratch = _scratch_state(self.out_path)
         if self.spare is not None and os.waitpid(self.spare[0], os.WNOHANG)[0]:
             os.close(self.spare[1])         # the spare died (killed from outside): replace it
             os.close(self.spare[2])
@@ -475,7 +476,27 @@ class _Runner:
                     self.exited.remove(pid)
                 resp["error"] = f"worker child died without a result (wait status {status})"
         resp["duration_s"] = time.monotonic() - t0
+        resp["scratch_changed"] = _scratch_state(self.out_path) != scratch
         return resp
+
+
+def _scratch_state(skip: str) -> list:
+    """Names, sizes and mtimes under this worker's /tmp and $HOME (both live as long as the
+    worker): a run that changed them left state a later run may read, so the host never reuses
+    its result (`sandboxes.result_cache`). The worker's own output file is left out."""
+    out = []
+    for top in {os.environ.get("TMPDIR") or "/tmp", os.environ.get("HOME") or "/tmp"}:
+        for root, dirs, files in os.walk(top):
+            for name in dirs + files:
+                path = os.path.join(root, name)
+                if path == skip:
+                    continue
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                out.append((path, st.st_size, st.st_mtime_ns))
+    return sorted(out)
 
 
 def _install_fixture_scan_cache() -> None:

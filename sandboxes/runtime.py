@@ -42,6 +42,7 @@ Cleanup: `Episode.close()` (context manager), an atexit hook for episodes still 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
 import math
 import os
@@ -116,10 +117,15 @@ class LocalRuntime:
 
     isolation: "bwrap" (default; raises SandboxUnavailable if bwrap fails its self-test) or
     "none" (explicit opt-out, loud warning). hide: extra host paths to hide from sandboxes.
+    test_cache: a file of test results reused when an episode would repeat a run exactly
+    (`sandboxes.result_cache`: what makes a reuse exact, and what it assumes); None: off.
     """
 
     def __init__(self, root: str | Path | None = None, *, isolation: str = "bwrap",
-                 hide: tuple[str, ...] = (), reap_stale: bool = True):
+                 hide: tuple[str, ...] = (), reap_stale: bool = True, test_cache: str | Path | None = None):
+        from sandboxes.result_cache import TestResultCache
+
+        self.test_cache = TestResultCache(test_cache) if test_cache else None
         self.root = Path(root or default_root()).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)
@@ -206,6 +212,10 @@ class Episode:
             cpu_s=max(L.cpu_s, math.ceil(max(L.wall_s, L.verify_s))),
             memory_mb=L.memory_mb, max_procs=L.max_procs, max_file_mb=L.max_file_mb,
             max_output_chars=L.max_output_chars))
+        self._history = None               # digest of what happened here (result_cache); None: no reuse
+        if runtime.test_cache is not None:
+            from sandboxes.result_cache import start
+            self._history = start(bundle, self.commit, _WORKER, runtime.isolation)
         self._closed = False
         _OPEN.add(self)
 
@@ -242,8 +252,11 @@ class Episode:
 
     # ------------------------------------------------------------------ commands
     def run(self, cmd: str | list[str], timeout: float | None = None, *, stdin: str | None = None,
-            env: dict | None = None) -> ExecResult:
-        """Run a shell string (`sh -c`) or an argv list in the sandbox, cwd = the worktree."""
+            env: dict | None = None, deterministic: bool = False) -> ExecResult:
+        """Run a shell string (`sh -c`) or an argv list in the sandbox, cwd = the worktree.
+        `deterministic`: the caller vouches that the command's effect is a function of the files,
+        the command and its input (the harness's `git apply`, `grep`), so test results may still
+        be reused after it (`sandboxes.result_cache`); any other command ends reuse here."""
         self._check_open()
         t = min(timeout or self.limits.wall_s, self.limits.wall_s)
         self._spawned = True
@@ -251,7 +264,15 @@ class Episode:
         if r.infra_error:           # never started: clear the uid's leftovers and try once more
             self._clear_uid()
             r = self._runner.run(cmd, timeout=t, stdin=stdin, env=env)
+        self._note("run", cmd, stdin, env, r.returncode, r.stdout, r.stderr, r.timed_out, r.infra_error,
+                   keep=deterministic and not r.timed_out and not r.infra_error)
         return r
+
+    def _note(self, *event, keep: bool = True) -> None:
+        """Extend the history digest by one event (or end reuse for this episode)."""
+        if self._history is not None:
+            from sandboxes.result_cache import chain
+            self._history = chain(self._history, *event) if keep else None
 
     def _clear_uid(self) -> None:
         if self.uid:
@@ -260,7 +281,7 @@ class Episode:
 
     def apply_patch(self, patch: str) -> ExecResult:
         """`git apply` a unified diff inside the sandbox (e.g. SWE-bench's test_patch)."""
-        return self.run(["git", "apply", "--whitespace=nowarn", "-"], stdin=patch)
+        return self.run(["git", "apply", "--whitespace=nowarn", "-"], stdin=patch, deterministic=True)
 
     def run_tests(self, test_ids=None, *, coverage: bool = False,
                   timeout: float | None = None, warm: bool = True) -> TestReport:
@@ -286,6 +307,17 @@ class Episode:
 
     def _run_tests_raw(self, test_ids, coverage: bool, timeout: float, warm: bool = True) -> TestReport:
         from sandboxes.pytest_worker import PytestWorkerClient
+        from sandboxes.result_cache import chain, storable, tree_state
+        cache, key, before = self.runtime.test_cache, None, None
+        if cache is not None and self._history is not None:
+            key = chain(self._history, "tests", list(test_ids) if test_ids else None, coverage, timeout,
+                        self.limits.max_output_chars, self.limits.test_cpu_s)
+            self._history = chain(key, "ran")
+            t0 = time.monotonic()
+            resp = cache.get(key)
+            if resp is not None:        # the same run, made before: no sandbox is started
+                return report_from_worker(resp, test_ids, time.monotonic() - t0)
+            before = tree_state(self.workdir)
         self._spawned = True
         if self._worker is None:
             self._worker = PytestWorkerClient(self._runner, self.sandbox_workdir,
@@ -296,6 +328,9 @@ class Episode:
         if resp.get("error"):
             self._worker.close()        # the next call starts a fresh worker
             self._worker = None
+            self._history = None        # a restarted worker: what the dead one left is unknown
+        elif key is not None and storable(resp) and tree_state(self.workdir) == before:
+            cache.put(key, resp)
         return report_from_worker(resp, test_ids, time.monotonic() - t0)
 
     # ------------------------------------------------------------------ files
@@ -311,10 +346,7 @@ class Episode:
     def write_file(self, path: str, text: str) -> str:
         """Write (create or replace) a file; returns its normalised relative path."""
         self._check_open()
-        data = text.encode()
-        if len(data) > self.limits.max_file_mb * 1024 * 1024:
-            raise ValueError(f"file too large for this episode: {len(data)} bytes")
-        return safefs.write_bytes(self.workdir, path, data, owner=self._owner())
+        return self.write_bytes(path, text.encode())
 
     def read_bytes(self, path: str) -> bytes:
         self._check_open()
@@ -324,7 +356,12 @@ class Episode:
         self._check_open()
         if len(data) > self.limits.max_file_mb * 1024 * 1024:
             raise ValueError(f"file too large for this episode: {len(data)} bytes")
-        return safefs.write_bytes(self.workdir, path, data, owner=self._owner())
+        self._history, h = None, self._history      # a write that fails half way ends reuse
+        rel = safefs.write_bytes(self.workdir, path, data, owner=self._owner())
+        if h is not None:
+            from sandboxes.result_cache import chain
+            self._history = chain(h, "write", rel, hashlib.sha256(data).digest())
+        return rel
 
     def pristine_bytes(self, path: str) -> bytes | None:
         """The file at the pinned commit, read from the snapshot (never from the worktree)."""
@@ -342,7 +379,11 @@ class Episode:
 
     def delete_file(self, path: str) -> None:
         self._check_open()
+        self._history, h = None, self._history
         safefs.delete(self.workdir, path)
+        if h is not None:
+            from sandboxes.result_cache import chain
+            self._history = chain(h, "delete", "/".join(safefs._split(path)))
 
     def list_files(self, path: str = ".") -> list[str]:
         self._check_open()

@@ -123,7 +123,7 @@ def search(env, pattern: str, path: str = ".", regex: bool = False) -> str:
     from sandboxes.safefs import resolve
     resolve(env.episode.workdir, path or ".")  # PathEscape before anything runs
     argv = ["grep", "-rnI", "--exclude-dir=.git", "-E" if regex else "-F", "-e", pattern, "--", path or "."]
-    r = env.episode.run(argv, timeout=10)
+    r = env.episode.run(argv, timeout=10, deterministic=True)          # grep changes nothing
     if r.infra_error:
         raise env.infra(r.infra_error)
     if r.returncode == 1:
@@ -173,7 +173,8 @@ def apply_patch(env, patch: str) -> str:
     from sandboxes.safefs import resolve
     for p in paths:
         resolve(env.episode.workdir, p)              # PathEscape before git sees it
-    r = env.episode.run(["git", "apply", "--whitespace=nowarn", "--recount", "-"], stdin=patch)
+    r = env.episode.run(["git", "apply", "--whitespace=nowarn", "--recount", "-"], stdin=patch,
+                        deterministic=True)
     if r.infra_error:
         raise env.infra(r.infra_error)
     if r.returncode != 0:

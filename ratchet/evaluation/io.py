@@ -30,10 +30,11 @@ def split_policy(policy_id: str) -> str:
 def run_holdout_eval(wh, manifest_path, policy_id: str, seed: int, *, workers: int | None = None,
                      task_limit: int | None = None, judge: dict | None = None, rate_card=None,
                      policy_kwargs: dict | None = None, retry_infra: bool = False, run_tag: str = "",
-                     chunk: int | None = None, concurrency: int | None = None) -> dict:
+                     chunk: int | None = None, concurrency: int | None = None, test_cache: bool = True) -> dict:
     """Verify the manifest, run the policy on every holdout task for one seed (resuming), and
-    report this seed's figures over all its stored rows."""
-    from ratchet.evaluation.runner import evaluate, holdout_plan
+    report this seed's figures over all its stored rows. `test_cache`: reuse sandbox test results
+    that an exact repeat of a run would give (`sandboxes.result_cache`, `runner.test_cache_file`)."""
+    from ratchet.evaluation.runner import evaluate, holdout_plan, test_cache_file
     from ratchet.evaluation.stats import task_outcomes
     from ratchet.evaluation.summary import display
 
@@ -53,6 +54,7 @@ def run_holdout_eval(wh, manifest_path, policy_id: str, seed: int, *, workers: i
     run = evaluate(plan, policy_id, version, seeds=[seed], done=done, sink=sink, workers=workers, judge=judge,
                    rate_card=rate_card, policy_kwargs=policy_kwargs, chunk=chunk,
                    **({"concurrency": concurrency} if concurrency else {}),
+                   test_cache=test_cache_file() if test_cache else None,
                    eval_run_id=f"{run_tag}:{policy_id}:{seed}" if run_tag else None)
     ids = {b.task_id for b in plan.bundles}
     with wh.connect() as con:

@@ -78,8 +78,19 @@ CHUNK = 24          # 8 tasks x 3 seeds
 CONCURRENCY = 24    # all of a chunk open at once: with the greedy memo a task's seeds ask one batch row
 
 
-def _init_worker() -> None:
-    global _RUNTIME
+def test_cache_file(home=None) -> Path:
+    """The holdout evaluation's test-result cache (`sandboxes.result_cache`): shared by every
+    worker, seed, policy and cycle; safe to delete (it only saves sandbox runs)."""
+    from ratchet.home import get_home
+
+    return Path(home or get_home().root) / "cache" / "test-results.sqlite"
+
+
+_TEST_CACHE: str | None = None
+
+
+def _init_worker(test_cache: str | None = None) -> None:
+    global _RUNTIME, _TEST_CACHE
     from sandboxes.runtime import LocalRuntime
 
     # One torch thread per worker: the pool already runs one worker per core, and two workers with
@@ -89,7 +100,7 @@ def _init_worker() -> None:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
 
-    _RUNTIME = LocalRuntime()
+    _RUNTIME, _TEST_CACHE = LocalRuntime(test_cache=test_cache), test_cache
 
 
 def _chunk_job(args) -> tuple[list[dict], dict]:
@@ -102,11 +113,14 @@ def _chunk_job(args) -> tuple[list[dict], dict]:
     if _RUNTIME is None:
         _init_worker()
     t0 = time.monotonic()
+    cache = _RUNTIME.test_cache
+    before = cache.stats() if cache is not None else {}
     rows, timing = run_policy_chunk(
         policy_id, version, [(TaskBundle.from_dict(b), s) for b, s in pairs], runtime=_RUNTIME,
         judge=make_judge(judge_cfg) if judge_cfg else None, eval_run_id=run_id, holdout_sha256=sha,
         rate_card=RateCard.from_dict(card_d) if card_d else None, policy_kwargs=kw, concurrency=concurrency)
     timing["job_s"] = time.monotonic() - t0          # worker-side: bundle decoding and judge included
+    timing.update({k: v - before[k] for k, v in cache.stats().items()} if cache is not None else {})
     return rows, timing
 
 
@@ -143,7 +157,8 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
              workers: int | None = None, judge: dict | None = None, rate_card=None,
              policy_kwargs: dict | None = None, eval_run_id: str | None = None,
              flush_every: int = 16, flush_s: float = 2.0, batched: bool | None = None,
-             chunk: int | None = None, concurrency: int = CONCURRENCY) -> EvalRun:
+             chunk: int | None = None, concurrency: int = CONCURRENCY,
+             test_cache: str | Path | None = None) -> EvalRun:
     """Every holdout task x seed for one policy. `done(eval_ids)` returns the ids that already
     have a row (skipped); `sink(rows)` stores rows in batches as they finish. A judge whose id is
     the policy's is refused before anything runs.
@@ -151,7 +166,10 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
     `batched` (default: whether the policy's engine batches generation, `BATCHED_ENGINES`): run
     `chunk` episodes per job (default `CHUNK`, fewer when there are not enough to keep every worker
     busy), `concurrency` of them open at once; each chunk's rows are stored when it returns, so a
-    kill loses at most the chunks in flight (`workers` x `chunk` episodes)."""
+    kill loses at most the chunks in flight (`workers` x `chunk` episodes).
+
+    `test_cache`: a file of sandbox test results reused when an episode repeats a run exactly
+    (`sandboxes.result_cache`; `test_cache_file()` is the evaluation's); None: every run is made."""
     from ratchet.evaluation.episodes import batches_generation, check_judge, eval_id, judge_id
     from ratchet.policy.base import engine_names
     from sandboxes.verifiers.judge import make_judge
@@ -172,8 +190,9 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
     finished = done(ids) if done else set()
     todo = [j for j, i in zip(jobs, ids) if i not in finished]
     n = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    cache = str(test_cache) if test_cache else None
     if batches_generation(policy_id) if batched is None else batched:
-        return _evaluate_chunks(todo, n, run_id, len(jobs), sink, chunk, concurrency)
+        return _evaluate_chunks(todo, n, run_id, len(jobs), sink, chunk, concurrency, cache)
     out, batch = [], []
     last = time.monotonic()
     t0 = time.monotonic()
@@ -187,20 +206,21 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
             batch, last = [], time.monotonic()
 
     try:
-        _each(_job, todo, n, take)
+        _each(_job, todo, n, take, cache)
     finally:
         if sink and batch:
             sink(batch)                 # what finished before an interruption is kept
     return EvalRun(run_id, out, len(jobs) - len(todo), len(jobs), time.monotonic() - t0, n)
 
 
-def _each(fn, jobs: list, n: int, take: Callable) -> None:
+def _each(fn, jobs: list, n: int, take: Callable, test_cache: str | None = None) -> None:
     """take(fn(job)) for every job exactly once: in this process when n == 1, else in a pool of n
     workers, results in completion order. Spawn, not fork: a forked pool inside Dagster / pytest
     can hang on terminate (PITFALLS). ProcessPoolExecutor, not multiprocessing.Pool: when a worker
     dies mid-job, Pool.imap waits forever for the lost job (seen in full test runs, 2026-11-30);
     the executor raises BrokenProcessPool, and the jobs without a result run here instead."""
     if n == 1:
+        _ensure_runtime(test_cache)
         for j in jobs:
             take(fn(j))
         return
@@ -210,7 +230,8 @@ def _each(fn, jobs: list, n: int, take: Callable) -> None:
     from concurrent.futures.process import BrokenProcessPool
 
     left = dict(enumerate(jobs))
-    pool = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_init_worker)
+    pool = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                               initargs=(test_cache,))
     try:
         futures = {pool.submit(fn, j): k for k, j in left.items()}
         for f in as_completed(futures):
@@ -222,8 +243,16 @@ def _each(fn, jobs: list, n: int, take: Callable) -> None:
                       "jobs in this process")
     finally:
         pool.shutdown(wait=True, cancel_futures=True)    # an error here stops queued jobs too
+    if left:
+        _ensure_runtime(test_cache)
     for k in sorted(left):
         take(fn(left[k]))
+
+
+def _ensure_runtime(test_cache: str | None) -> None:
+    """This process's runtime, with the test cache this evaluation asked for."""
+    if _RUNTIME is None or _TEST_CACHE != test_cache:
+        _init_worker(test_cache)
 
 
 def _chunks(todo: list, n: int, chunk: int | None) -> list[list]:
@@ -242,7 +271,7 @@ def _chunks(todo: list, n: int, chunk: int | None) -> list[list]:
 
 
 def _evaluate_chunks(todo: list, n: int, run_id: str, planned: int, sink, chunk: int | None,
-                     concurrency: int) -> EvalRun:
+                     concurrency: int, test_cache: str | None = None) -> EvalRun:
     t0 = time.monotonic()
     chunks = _chunks(todo, n, chunk)
     args = [(c[0][0], c[0][1], [(j[2], j[3]) for j in c], run_id, *c[0][5:9], concurrency) for c in chunks]
@@ -256,7 +285,7 @@ def _evaluate_chunks(todo: list, n: int, run_id: str, planned: int, sink, chunk:
         if sink and rows:
             sink(rows)                      # one chunk = one write: finished rows survive a kill
 
-    _each(_chunk_job, args, n, take)
+    _each(_chunk_job, args, n, take, test_cache)
     timing["chunks"] = len(chunks)
     return EvalRun(run_id, out, planned - len(todo), planned, time.monotonic() - t0, n, True,
                    max(map(len, chunks), default=0), timing)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 from collections import OrderedDict
 from pathlib import Path
 
@@ -39,75 +38,32 @@ def memo_file(home, checkpoint) -> Path:
 
 
 class CompletionMemo:
-    """The file is an optimisation, never a dependency: if it cannot be opened, read or written
-    (locked past `timeout`, disk full, corrupt), the memo warns once and goes on in memory, so no
-    episode fails because of it. (Measured: two workers opening one file at once could fail the
-    WAL switch with "database is locked", which before this voided a 24-episode chunk.)"""
+    """In memory (LRU) in front of an optional shared file (`sandboxes.kvfile.KVFile`: an
+    optimisation, never a dependency; on any file error it warns and this goes on in memory)."""
 
     def __init__(self, size: int, path: str | Path | None = None, *, timeout: float = 60.0):
+        from sandboxes.kvfile import KVFile
+
         self.size, self.path, self.timeout = size, Path(path) if path else None, timeout
         self._mem: OrderedDict = OrderedDict()
-        self._db = None
-        if self.path is not None:
-            self._guard(self._open)
-
-    def _open(self) -> None:
-        import time
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(str(self.path), timeout=self.timeout, check_same_thread=False)
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:                         # the journal-mode switch does not wait on a busy file
-                if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                    db.execute("PRAGMA journal_mode=WAL")
-                db.execute("CREATE TABLE IF NOT EXISTS memo (key BLOB PRIMARY KEY, value TEXT NOT NULL)")
-                db.commit()
-                break
-            except sqlite3.OperationalError:
-                if time.monotonic() > deadline:
-                    db.close()
-                    raise
-                time.sleep(0.05)
-        self._db = db
-
-    def _guard(self, fn, *args):
-        try:
-            return fn(*args)
-        except (sqlite3.Error, OSError) as e:
-            import warnings
-
-            warnings.warn(f"completion memo {self.path}: {type(e).__name__}: {e}; going on in memory only")
-            if self._db is not None:
-                try:
-                    self._db.close()
-                except sqlite3.Error:
-                    pass
-            self._db = None
-            return None
+        self._file = KVFile(self.path, timeout=timeout, what="completion memo") if self.path else None
 
     def get(self, key: bytes):
         if key in self._mem:
             self._mem.move_to_end(key)
             return self._mem[key]
-        if self._db is None:
+        raw = self._file.get(key) if self._file is not None else None
+        if raw is None:
             return None
-        row = self._guard(lambda: self._db.execute("SELECT value FROM memo WHERE key = ?", (key,)).fetchone())
-        if row is None:
-            return None
-        value = tuple(json.loads(row[0]))
+        value = tuple(json.loads(raw))
         self._remember(key, value)
         return value
 
     def put_many(self, items: list[tuple[bytes, tuple]]) -> None:
         for key, value in items:
             self._remember(key, value)
-        if self._db is not None and items:
-            self._guard(self._write, [(k, json.dumps(list(v))) for k, v in items])
-
-    def _write(self, rows) -> None:
-        with self._db:
-            self._db.executemany("INSERT OR IGNORE INTO memo VALUES (?, ?)", rows)
+        if self._file is not None:
+            self._file.put_many([(k, json.dumps(list(v))) for k, v in items])
 
     def _remember(self, key: bytes, value: tuple) -> None:
         self._mem[key] = value

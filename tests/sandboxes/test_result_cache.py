@@ -1,0 +1,128 @@
+"""The test-result cache (sandboxes.result_cache): a result is reused only for an exact repeat
+(same task, same history of files and runs, same request), never for a run that left state
+behind, timed out or ended the history with an arbitrary command; verification reuses by the
+carried files; a broken cache file never fails an episode."""
+import sqlite3
+
+import pytest
+
+from sandboxes.runtime import LocalRuntime
+from sandboxes.verify import verify
+from tests.sandboxes.test_runtime import FIX, bundle
+
+pytestmark = pytest.mark.security
+
+IDS = ["test_solution.py::test_add", "test_solution.py::test_zero"]
+
+
+@pytest.fixture()
+def rt(tmp_path):
+    return LocalRuntime(tmp_path / "rt", test_cache=tmp_path / "cache.sqlite")
+
+
+def _same(a, b) -> bool:
+    return (a.outcomes, a.coverage, a.exit_code, a.timed_out, a.infra_error) == \
+        (b.outcomes, b.coverage, b.exit_code, b.timed_out, b.infra_error)
+
+
+def test_an_exact_repeat_is_reused_without_a_sandbox(rt):
+    b = bundle()
+    with rt.episode(b) as ep:
+        first = [ep.run_tests(coverage=True)]
+        ep.write_file("solution.py", FIX)
+        first.append(ep.run_tests(IDS))
+    assert rt.test_cache.stats() == {"test_cache_hits": 0, "test_cache_misses": 2, "test_cache_stored": 2}
+    with rt.episode(b) as ep:
+        again = [ep.run_tests(coverage=True)]
+        ep.write_file("solution.py", FIX)
+        again.append(ep.run_tests(IDS))
+        assert not ep._spawned                   # no sandbox process was started at all
+    assert rt.test_cache.hits == 2
+    assert all(_same(x, y) for x, y in zip(first, again))
+    assert first[0].outcomes["test_solution.py::test_add"] == "failed" and again[1].all_passed(IDS)
+
+
+def test_other_files_or_another_request_are_run_for_real(rt):
+    b = bundle()
+    with rt.episode(b) as ep:
+        ep.write_file("solution.py", FIX)
+        assert ep.run_tests(IDS).all_passed(IDS)
+    with rt.episode(b) as ep:                   # the stored pass never stands for a wrong fix
+        ep.write_file("solution.py", FIX.replace("a + b", "a + b + 1"))
+        rep = ep.run_tests(IDS)
+        assert rep.outcomes == {IDS[0]: "failed", IDS[1]: "failed"}
+    with rt.episode(b) as ep:                   # the same files, a different request
+        ep.write_file("solution.py", FIX)
+        assert ep.run_tests(IDS[:1]).outcomes == {IDS[0]: "passed"}
+    with rt.episode(b) as ep:                   # the same final file, written in two steps
+        ep.write_file("solution.py", "x = 1\n")
+        ep.write_file("solution.py", FIX)
+        assert ep.run_tests(IDS).all_passed(IDS)
+    assert rt.test_cache.hits == 0
+
+
+def test_a_run_that_leaves_state_behind_is_never_reused(rt):
+    b = bundle()
+    writes_worktree = FIX + "open('/repo/made_by_tests.txt', 'a').write('x')\n"
+    writes_tmp = FIX + "import os\nopen(os.path.join(os.environ.get('TMPDIR', '/tmp'), 'flag'), 'a').write('x')\n"
+    for code in (writes_worktree, writes_tmp):
+        for _ in range(2):
+            with rt.episode(b) as ep:
+                ep.write_file("solution.py", code)
+                assert ep.run_tests(IDS).all_passed(IDS)
+    assert rt.test_cache.hits == 0 and rt.test_cache.stored == 0
+
+
+def test_timeouts_and_arbitrary_commands_end_reuse(rt):
+    b = bundle()
+    for _ in range(2):
+        with rt.episode(b) as ep:
+            ep.write_file("solution.py", "def add(a, b):\n    while True:\n        pass\n")
+            assert ep.run_tests(IDS, timeout=2).timed_out
+    assert rt.test_cache.stored == 0
+    for _ in range(2):
+        with rt.episode(b) as ep:
+            ep.run("echo hi > note.txt")             # not declared deterministic: no reuse after it
+            ep.run_tests(IDS)
+            ep.run_tests(IDS)
+    assert rt.test_cache.hits == 0 and rt.test_cache.stored == 0
+    for _ in range(2):                              # a declared-deterministic command keeps it
+        with rt.episode(b) as ep:
+            assert ep.run(["grep", "-rn", "add", "."], deterministic=True).returncode == 0
+            ep.run_tests(IDS)
+    assert rt.test_cache.hits == 1
+
+
+def test_verification_is_reused_by_the_carried_files(rt):
+    b = bundle()
+    results = []
+    for code in (FIX, FIX, FIX.replace("+", "*")):
+        with rt.episode(b) as ep:
+            ep.write_file("solution.py", code)
+            v = verify(rt, b, ep)
+            results.append({t: v.outcomes[t] for t in IDS})
+    assert results[0] == results[1] == {IDS[0]: "passed", IDS[1]: "passed"}
+    assert results[2] == {IDS[0]: "failed", IDS[1]: "passed"}
+    assert rt.test_cache.hits == 1
+
+
+def test_a_broken_or_locked_cache_file_never_fails_an_episode(tmp_path):
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"not a database" * 100)
+    with pytest.warns(UserWarning, match="going on in memory"):
+        rt = LocalRuntime(tmp_path / "rt", test_cache=bad)
+    with rt.episode(bundle()) as ep:
+        ep.write_file("solution.py", FIX)
+        assert ep.run_tests(IDS).all_passed(IDS)
+    path = tmp_path / "locked.sqlite"
+    LocalRuntime(tmp_path / "rt2", test_cache=path)            # creates it
+    holder = sqlite3.connect(str(path))
+    holder.execute("BEGIN EXCLUSIVE")
+    rt = LocalRuntime(tmp_path / "rt3", test_cache=path)
+    rt.test_cache._file.timeout = 0.2
+    rt.test_cache._file._db.execute("PRAGMA busy_timeout = 200")
+    with rt.episode(bundle()) as ep, pytest.warns(UserWarning, match="going on in memory"):
+        ep.write_file("solution.py", FIX)
+        assert ep.run_tests(IDS).all_passed(IDS)
+    holder.rollback()
+    holder.close()
