@@ -126,3 +126,35 @@ def test_a_broken_or_locked_cache_file_never_fails_an_episode(tmp_path):
         assert ep.run_tests(IDS).all_passed(IDS)
     holder.rollback()
     holder.close()
+
+
+def test_threads_share_one_cache_file_safely(tmp_path):
+    """Episodes step in threads: concurrent reads and writes on one store neither fail nor crash
+    (before the store's lock: SQLITE_LOCKED at once, and a segfault when one thread closed the
+    connection after that error while another was inside execute)."""
+    import threading
+    import warnings
+
+    from sandboxes.kvfile import KVFile
+
+    kv = KVFile(tmp_path / "kv.sqlite")
+    errors = []
+
+    def work(t):
+        try:
+            for i in range(300):
+                kv.put_many([(f"{t}-{i}".encode(), str(i))])
+                assert kv.get(f"{t}-{i}".encode()) == str(i)
+                kv.get(f"{(t + 1) % 8}-{i}".encode())
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                # a fallback to memory would be a failure here
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    assert not errors and kv.usable
+    assert all(kv.get(f"{t}-299".encode()) == "299" for t in range(8))
