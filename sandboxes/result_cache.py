@@ -74,23 +74,51 @@ class TestResultCache:
     __test__ = False
 
     def __init__(self, path: str | Path, *, timeout: float = 60.0):
+        import threading
+
         from sandboxes.kvfile import KVFile
 
         self.path = Path(path)
         self._file = KVFile(self.path, timeout=timeout, what="test-result cache")
         self.hits = self.misses = self.stored = 0
+        self._lock = threading.Lock()
+        self._running: dict[bytes, threading.Event] = {}
 
-    def get(self, key: bytes) -> dict | None:
-        raw = self._file.get(key)
-        if raw is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        return json.loads(raw)
+    def get(self, key: bytes, wait_s: float = 0.0) -> dict | None:
+        """The stored answer, or None: then the caller runs it and must call `done(key)`.
+        Episodes step in threads, and the seeds of a task ask the same run at the same moment:
+        a caller that finds the same key running in this process waits for it (up to `wait_s`)
+        instead of starting a second sandbox for it."""
+        import threading
 
-    def put(self, key: bytes, resp: dict) -> None:
-        self._file.put_many([(key, json.dumps(resp))])
-        self.stored += 1
+        while True:
+            raw = self._file.get(key)
+            if raw is not None:
+                with self._lock:
+                    self.hits += 1
+                return json.loads(raw)
+            with self._lock:
+                running = self._running.get(key)
+                if running is None:
+                    self._running[key] = threading.Event()
+                    self.misses += 1
+                    return None
+            if not running.wait(wait_s) or self._file.get(key) is None:
+                with self._lock:            # not stored (or too slow): run it here, without waiting again
+                    self.misses += 1
+                    self._running.setdefault(key, threading.Event())
+                return None
+
+    def done(self, key: bytes, resp: dict | None) -> None:
+        """After a run the caller made: store it (when `resp` is given) and wake the waiters."""
+        if resp is not None:
+            self._file.put_many([(key, json.dumps(resp))])
+        with self._lock:
+            if resp is not None:
+                self.stored += 1
+            event = self._running.pop(key, None)
+        if event is not None:
+            event.set()
 
     def stats(self) -> dict:
         return {"test_cache_hits": self.hits, "test_cache_misses": self.misses,

@@ -314,23 +314,28 @@ class Episode:
                         self.limits.max_output_chars, self.limits.test_cpu_s)
             self._history = chain(key, "ran")
             t0 = time.monotonic()
-            resp = cache.get(key)
+            resp = cache.get(key, wait_s=timeout + 30)
             if resp is not None:        # the same run, made before: no sandbox is started
                 return report_from_worker(resp, test_ids, time.monotonic() - t0)
             before = tree_state(self.workdir)
-        self._spawned = True
-        if self._worker is None:
-            self._worker = PytestWorkerClient(self._runner, self.sandbox_workdir,
-                                              str(self._lease.dir / "worker.stderr"), warm=warm)
-        t0 = time.monotonic()
-        resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars,
-                                    test_cpu_s=self.limits.test_cpu_s)
-        if resp.get("error"):
-            self._worker.close()        # the next call starts a fresh worker
-            self._worker = None
-            self._history = None        # a restarted worker: what the dead one left is unknown
-        elif key is not None and storable(resp) and tree_state(self.workdir) == before:
-            cache.put(key, resp)
+        keep = None
+        try:
+            self._spawned = True
+            if self._worker is None:
+                self._worker = PytestWorkerClient(self._runner, self.sandbox_workdir,
+                                                  str(self._lease.dir / "worker.stderr"), warm=warm)
+            t0 = time.monotonic()
+            resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars,
+                                        test_cpu_s=self.limits.test_cpu_s)
+            if resp.get("error"):
+                self._worker.close()        # the next call starts a fresh worker
+                self._worker = None
+                self._history = None        # a restarted worker: what the dead one left is unknown
+            elif key is not None and storable(resp) and tree_state(self.workdir) == before:
+                keep = resp
+        finally:
+            if key is not None:
+                cache.done(key, keep)       # stores it, and wakes episodes waiting for this run
         return report_from_worker(resp, test_ids, time.monotonic() - t0)
 
     # ------------------------------------------------------------------ files

@@ -158,3 +158,20 @@ def test_threads_share_one_cache_file_safely(tmp_path):
             th.join()
     assert not errors and kv.usable
     assert all(kv.get(f"{t}-299".encode()) == "299" for t in range(8))
+
+
+def test_the_same_run_asked_at_once_by_threads_runs_once(rt):
+    """The seeds of a task step together: the second asker waits for the first's run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    b = bundle()
+
+    def episode(_):
+        with rt.episode(b) as ep:
+            ep.write_file("solution.py", FIX)
+            return ep.run_tests(IDS, coverage=True)
+
+    with ThreadPoolExecutor(3) as pool:
+        reps = list(pool.map(episode, range(3)))
+    assert all(r.all_passed(IDS) and _same(r, reps[0]) for r in reps)
+    assert rt.test_cache.stats() == {"test_cache_hits": 2, "test_cache_misses": 1, "test_cache_stored": 1}
