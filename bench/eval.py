@@ -32,6 +32,9 @@ The named baseline: the same episodes one at a time, on a sample of --baseline-e
   embedded: today's one-episode-per-job path of the same pool (2 workers, one torch thread
         each) on the first tasks' episodes of the full run, extrapolated per episode to 1,200;
         their rows are compared with the batched run's rows (`sample_rows_identical`).
+The sandbox test-result cache (`sandboxes.result_cache`) is on, as in `holdout_eval`, in a file
+that starts empty (a cold run; `test_cache` in the JSON: hits, runs made, stored);
+`--no-test-cache` makes every test run. The baseline samples never use it.
 Progress lines go to stderr as rows are stored, so a run stopped early still says how far it
 got; the JSON also holds turns / tool calls / tokens per episode, latency p50/p95/max, the tasks'
 per-test CPU limit and the suite generator version, and the load average at start and end.
