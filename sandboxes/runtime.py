@@ -161,7 +161,12 @@ class LocalRuntime:
         """None when a fresh sandbox with harness-owned files runs a command and a test, else
         the reason (see `sandboxes.attribution`)."""
         from sandboxes.attribution import health_probe
-        return health_probe(self.episode, lambda ep, argv: ep._runner.run(argv, timeout=30))
+        return health_probe(self.episode, _probe_command)
+
+
+def _probe_command(ep: "Episode", argv: list[str]) -> ExecResult:
+    ep._history = None              # the probe's test run is made, never a stored answer
+    return ep._runner.run(argv, timeout=30)
 
 
 class Episode:

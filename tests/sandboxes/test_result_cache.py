@@ -175,3 +175,9 @@ def test_the_same_run_asked_at_once_by_threads_runs_once(rt):
         reps = list(pool.map(episode, range(3)))
     assert all(r.all_passed(IDS) and _same(r, reps[0]) for r in reps)
     assert rt.test_cache.stats() == {"test_cache_hits": 2, "test_cache_misses": 1, "test_cache_stored": 1}
+
+
+def test_the_health_probe_always_runs_for_real(rt):
+    """Whose fault an infra error was is decided by a probe of the sandbox now: never a stored answer."""
+    assert rt.health_probe() is None and rt.health_probe() is None
+    assert rt.test_cache.hits == 0 and rt.test_cache.stored == 0
