@@ -96,8 +96,9 @@ def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: in
             _say("the lifecycle run failed; see `ratchet ui` for the step logs")
             return 1
         n = size["eval_tasks"]
-        _say(f"evaluating {', '.join(DEMO_POLICIES)} x 3 seeds on the first {n} locked holdout tasks "
-             f"(the demo's smaller holdout; the reference workload is 400 x 3: ratchet demo --eval-tasks 400)")
+        scope = "the reference workload" if n >= 400 else \
+            "the demo's smaller holdout; the reference workload, 400 x 3: ratchet demo --full"
+        _say(f"evaluating {', '.join(DEMO_POLICIES)} x 3 seeds on the first {n} locked holdout tasks ({scope})")
         ok = run_evaluation(instance, defs.resources, policies=DEMO_POLICIES,
                             holdout_config={"task_limit": n}, log=_say, tags=tags, report=not train)
         if not ok:

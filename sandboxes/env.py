@@ -143,7 +143,7 @@ class RepairEnv:
             raise RuntimeError("call reset() before step()")
         if self.done:
             return "error: the episode is over (submitted or turn limit reached)"
-        t0 = time.monotonic()
+        t0, r0 = time.monotonic(), self._reused_s()
         obs, err = self._dispatch(tool, arguments)
         if len(obs) > self.max_output_chars:
             obs, err = (f"error: the output of {tool} is {len(obs)} characters, over the "
@@ -151,7 +151,7 @@ class RepairEnv:
                         f"narrower path or pattern, fewer tests)"), True
         dt = time.monotonic() - t0
         if tool != "submit":
-            self.sandbox_s += dt
+            self.sandbox_s += dt + self._reused_s() - r0
         self.steps.append(Step(len(self.steps), tool, arguments if arguments is not None else {}, obs, dt, err))
         over = None if self.done else self._over_quota()
         if over:
@@ -192,6 +192,11 @@ class RepairEnv:
         except Exception as e:  # noqa: BLE001 - a bug in the harness is an infra failure, not the agent's
             self.infra_errors.append(f"{tool}: {type(e).__name__}: {e}")
             return f"error: internal tool failure ({type(e).__name__})", True
+
+    def _reused_s(self) -> float:
+        """A reused test run (sandboxes.result_cache) counts the seconds it took when it was made:
+        `sandbox_s` prices the episode's sandbox work whichever policy happened to run it first."""
+        return float(getattr(self.episode, "reused_s", 0.0) or 0.0)
 
     # ------------------------------------------------------------------ scoring
     def _over_quota(self) -> str | None:
@@ -236,7 +241,7 @@ class RepairEnv:
                 notes += (f"the verification run crashed on the submitted code: {ver.agent_fault[:300]}",)
             if infra is None:
                 before, after = self._touched_files()
-        self.sandbox_s += time.monotonic() - t0
+        self.sandbox_s += time.monotonic() - t0 + (self.verification.reused_s if self.verification else 0.0)
         self.reward = compose_reward(b, outcomes=self.final_outcomes, diff=self.patch,
                                      explanation=explanation, infra_error=infra, judge=self.judge,
                                      weights=self.weights, before=before, after=after,

@@ -218,6 +218,7 @@ class Episode:
             memory_mb=L.memory_mb, max_procs=L.max_procs, max_file_mb=L.max_file_mb,
             max_output_chars=L.max_output_chars))
         self._history = None               # digest of what happened here (result_cache); None: no reuse
+        self.reused_s = 0.0                # what the reused test runs took when they were made
         if runtime.test_cache is not None:
             from sandboxes.result_cache import start
             self._history = start(bundle, self.commit, _WORKER, runtime.isolation)
@@ -321,6 +322,7 @@ class Episode:
             t0 = time.monotonic()
             resp = cache.get(key, wait_s=timeout + 30)
             if resp is not None:        # the same run, made before: no sandbox is started
+                self.reused_s += float(resp.get("made_s") or 0.0)
                 return report_from_worker(resp, test_ids, time.monotonic() - t0)
             before = tree_state(self.workdir)
         keep = None
@@ -339,8 +341,8 @@ class Episode:
             elif key is not None and storable(resp) and tree_state(self.workdir) == before:
                 keep = resp
         finally:
-            if key is not None:
-                cache.done(key, keep)       # stores it, and wakes episodes waiting for this run
+            if key is not None:             # stores it (with what it took), wakes episodes waiting for it
+                cache.done(key, None if keep is None else {**keep, "made_s": time.monotonic() - t0})
         return report_from_worker(resp, test_ids, time.monotonic() - t0)
 
     # ------------------------------------------------------------------ files

@@ -34,6 +34,7 @@ class Verification:
     dropped: list[tuple[str, str]] = field(default_factory=list)   # (path, why it was left out)
     duration_s: float = 0.0
     output: str = ""
+    reused_s: float = 0.0     # seconds its test run took when made, if a stored answer was reused
 
 
 def test_files(bundle) -> set[str]:
@@ -131,6 +132,7 @@ def verify(runtime, bundle, episode, *, timeout: float | None = None) -> Verific
         import inspect
         once = {"warm": False} if "warm" in inspect.signature(v.run_tests).parameters else {}
         rep = v.run_tests(ids, timeout=timeout or bundle.limits.verify_s, **once)
+        ver.reused_s = getattr(v, "reused_s", 0.0)
     ver.duration_s = time.monotonic() - t0
     ver.output, ver.timed_out, ver.agent_fault = rep.output, rep.timed_out, rep.agent_fault
     if rep.infra_error:

@@ -181,3 +181,25 @@ def test_the_health_probe_always_runs_for_real(rt):
     """Whose fault an infra error was is decided by a probe of the sandbox now: never a stored answer."""
     assert rt.health_probe() is None and rt.health_probe() is None
     assert rt.test_cache.hits == 0 and rt.test_cache.stored == 0
+
+
+def test_a_reused_run_is_priced_at_what_it_took_when_made(rt):
+    """sandbox_s (what economics prices) must not depend on which policy ran a task first: a reused
+    run counts the seconds it took when it was made."""
+    from sandboxes.env import RepairEnv
+
+    def episode():
+        with RepairEnv(bundle(), runtime=rt) as env:
+            env.reset()
+            env.step("localize", {})
+            env.step("edit", {"path": "solution.py", "old": "a - b", "new": "a + b"})
+            env.step("run_tests", {"tests": IDS})
+            env.step("submit", {"explanation": "add subtracted: solution.py line 2 now adds"})
+            return env.sandbox_s, env.reward.components["tests"]
+
+    made, tests_made = episode()
+    hits = rt.test_cache.hits
+    reused, tests_reused = episode()
+    assert rt.test_cache.hits - hits == 3 and tests_made == tests_reused == 1.0   # localize, run_tests, verify
+    # the real parts (edits, worktrees) run again; a stopped worker's teardown is not re-counted
+    assert reused >= 0.6 * made and made > 0.1
