@@ -157,6 +157,10 @@ def main(argv=None) -> int:
                          "prior's order (the view's prior feature, chat.make_view)")
     ap.add_argument("--unmasked-logprobs", action="store_true",
                     help="GRPO on the unmasked distribution (the first measured run) instead of the grammar-masked one")
+    ap.add_argument("--test-cache", action="store_true",
+                    help="reuse sandbox test results an exact repeat of a run gives (sandboxes.result_cache; "
+                         "a file in --out that starts empty): a GRPO group's pristine localize and identical "
+                         "verifications run once. Off by default: runs 1-7 made every run")
     for key in STRUCT_SIZE["default"]:
         ap.add_argument("--" + key.replace("_", "-"), type=type(STRUCT_SIZE["default"][key]), default=None)
     a = ap.parse_args(argv)
@@ -184,7 +188,9 @@ def main(argv=None) -> int:
     if not a.reuse_data:
         shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
-    rt = LocalRuntime()
+    if a.test_cache:
+        (out / "test-results.sqlite").unlink(missing_ok=True)
+    rt = LocalRuntime(test_cache=out / "test-results.sqlite" if a.test_cache else None)
     t0, cpu = time.monotonic(), {}
     say = lambda s: print(f"[{time.monotonic() - t0:6.0f}s] {s}", flush=True)   # noqa: E731
 
@@ -323,7 +329,8 @@ def main(argv=None) -> int:
                        for h in (res.rl.history if res.rl else [])],
         "baseline": "sft", "ratio": round(rl_p / sft_p, 3) if sft_p else None,
         "rl_minus_sft": round(rl_p - sft_p, 3),
-        "paired": {k: [iv.estimate, iv.lo, iv.hi] for k, iv in paired.items()}, "plot": str(png), "wall_s": round(time.monotonic() - t0, 1)}
+        "paired": {k: [iv.estimate, iv.lo, iv.hi] for k, iv in paired.items()}, "plot": str(png), "wall_s": round(time.monotonic() - t0, 1),
+        "test_cache": rt.test_cache.stats() if rt.test_cache is not None else None}
     print(json.dumps(summary))
     return 0
 
