@@ -484,8 +484,14 @@ def _scratch_state(skip: str) -> list:
     """Names, sizes and mtimes under this worker's /tmp and $HOME (both live as long as the
     worker): a run that changed them left state a later run may read, so the host never reuses
     its result (`sandboxes.result_cache`). The worker's own output file is left out."""
+    return file_states({os.environ.get("TMPDIR") or "/tmp", os.environ.get("HOME") or "/tmp"}, skip)
+
+
+def file_states(tops, skip: str = "") -> list:
+    """(path, size, mtime) of everything under the folders `tops`, sorted (the host's
+    `result_cache.tree_state` uses it for the worktree)."""
     out = []
-    for top in {os.environ.get("TMPDIR") or "/tmp", os.environ.get("HOME") or "/tmp"}:
+    for top in tops:
         for root, dirs, files in os.walk(top):
             for name in dirs + files:
                 path = os.path.join(root, name)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -51,17 +50,11 @@ def start(bundle, commit: str, worker_file: str, isolation: str) -> bytes:
 
 def tree_state(root: str) -> list:
     """Every path under the worktree with its size and mtime (the .git file included): a test run
-    that changes it is never reused."""
-    out = []
-    for top, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(top, name)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            out.append((path, st.st_size, st.st_mtime_ns))
-    return sorted(out)
+    that changes it is never reused. (The walk is the worker's own, which checks its /tmp and
+    $HOME the same way inside the sandbox.)"""
+    from sandboxes.pytest_worker import file_states
+
+    return file_states([root])
 
 
 def storable(resp: dict) -> bool:
