@@ -13,7 +13,8 @@ per-test outcomes (passed / failed / error / skipped) and, optionally, per-test 
 via sys.settrace; the child sends them back over a pipe. The worker answers one JSON line:
 
     {"outcomes": {...}, "coverage": {...} | null, "exit_code": 0, "timed_out": false,
-     "test_timeouts": [...], "output": "<tail of pytest's output>", "scratch_changed": false}
+     "test_timeouts": [...], "output": "<tail of pytest's output>",
+     "scratch_changed": false}          # only when the request said "scratch": true
 
 A run that exceeds its timeout has its process group killed (every requested test: error). With
 `test_cpu_s` each test also has its own CPU limit (`_PerTestLimit`): the test that uses more
@@ -412,7 +413,7 @@ class _Runner:
 
     def run(self, req: dict) -> dict:
         t0 = time.monotonic()
-        scratch = _scratch_state(self.out_path)
+        scratch = _scratch_state(self.out_path) if req.get("scratch") else None
         if self.spare is not None and os.waitpid(self.spare[0], os.WNOHANG)[0]:
             os.close(self.spare[1])         # the spare died (killed from outside): replace it
             os.close(self.spare[2])
@@ -476,7 +477,8 @@ class _Runner:
                     self.exited.remove(pid)
                 resp["error"] = f"worker child died without a result (wait status {status})"
         resp["duration_s"] = time.monotonic() - t0
-        resp["scratch_changed"] = _scratch_state(self.out_path) != scratch
+        if scratch is not None:             # asked by a host that may reuse this answer
+            resp["scratch_changed"] = _scratch_state(self.out_path) != scratch
         return resp
 
 

@@ -219,7 +219,7 @@ class Episode:
             max_output_chars=L.max_output_chars))
         self._history = None               # digest of what happened here (result_cache); None: no reuse
         self.reused_s = 0.0                # what the reused test runs took when they were made
-        if runtime.test_cache is not None:
+        if runtime.test_cache is not None and bwrap:     # unsandboxed, /tmp is the host's: no reuse
             from sandboxes.result_cache import start
             self._history = start(bundle, self.commit, _WORKER, runtime.isolation)
         self._closed = False
@@ -333,7 +333,7 @@ class Episode:
                                                   str(self._lease.dir / "worker.stderr"), warm=warm)
             t0 = time.monotonic()
             resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars,
-                                        test_cpu_s=self.limits.test_cpu_s)
+                                        test_cpu_s=self.limits.test_cpu_s, scratch=key is not None)
             if resp.get("error"):
                 self._worker.close()        # the next call starts a fresh worker
                 self._worker = None

@@ -80,8 +80,9 @@ class PytestWorkerClient:
         return obj
 
     def request(self, test_ids, coverage: bool, timeout: float, max_output: int,
-                test_cpu_s: float | None = None) -> dict:
-        """One test run: `timeout` (wall s) bounds the whole run, `test_cpu_s` (optional) each test."""
+                test_cpu_s: float | None = None, scratch: bool = False) -> dict:
+        """One test run: `timeout` (wall s) bounds the whole run, `test_cpu_s` (optional) each test.
+        `scratch`: the worker also says whether the run changed its /tmp or $HOME."""
         if self.proc is None or self.proc.poll() is not None:
             err = self._start()
             if err:
@@ -90,6 +91,8 @@ class PytestWorkerClient:
                "timeout": timeout, "max_output": max_output}
         if test_cpu_s:
             req["test_cpu_s"] = test_cpu_s
+        if scratch:
+            req["scratch"] = True
         try:
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()
