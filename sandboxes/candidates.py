@@ -38,12 +38,11 @@ class Candidate:
 
 def propose_edits(source: str, line: int) -> list[Candidate]:
     """Indexed candidate edits for `line` (1-based) of `source`; [] when none or it won't parse."""
-    import ast
-
+    from sandboxes import pyast
     from sandboxes.humaneval.operators import all_edits
 
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except SyntaxError:
         return []
     lines = source.splitlines()

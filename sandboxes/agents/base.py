@@ -85,8 +85,11 @@ class Session:
 
 def enclosing_function(source: str, line: int) -> str | None:
     import ast
+
+    from sandboxes import pyast
+
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except SyntaxError:
         return None
     best = None
@@ -101,8 +104,11 @@ def function_lines(source: str, name: str | None) -> list[int]:
     """Code lines of function `name` (all functions if None or absent), without the def line,
     the docstring or blank lines."""
     import ast
+
+    from sandboxes import pyast
+
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except SyntaxError:
         return []
     funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]

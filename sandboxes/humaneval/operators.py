@@ -15,6 +15,8 @@ import io
 import tokenize
 from dataclasses import dataclass
 
+from sandboxes import pyast
+
 COMPARE = {"<": ("<=", ">"), "<=": ("<", ">="), ">": (">=", "<"), ">=": (">", "<="),
            "==": ("!=",), "!=": ("==",), "in": ("not in",), "not in": ("in",),
            "is": ("is not",), "is not": ("is",)}
@@ -83,7 +85,7 @@ class _Source:
     def __init__(self, source: str, tree: ast.AST | None = None):
         self.text = source
         self.lines = source.splitlines(keepends=True)
-        self.tree = tree if tree is not None else ast.parse(source)
+        self.tree = tree if tree is not None else pyast.parse(source)
         toks = tokenize.generate_tokens(io.StringIO(source).readline)
         skip = {tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT,
                 tokenize.DEDENT, tokenize.ENDMARKER}
@@ -269,7 +271,7 @@ def all_edits(source: str, *, lines: set[int] | None = None, within: ast.AST | N
 
 def _parses(source: str) -> bool:
     try:
-        ast.parse(source)
+        pyast.parse(source)
     except SyntaxError:
         return False
     return True

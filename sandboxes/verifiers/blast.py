@@ -10,6 +10,8 @@ import copy
 import difflib
 from dataclasses import dataclass
 
+from sandboxes import pyast
+
 
 @dataclass(frozen=True)
 class BlastRadius:
@@ -58,8 +60,8 @@ def blast_radius(before: dict[str, str], after: dict[str, str]) -> BlastRadius:
         if not path.endswith(".py"):
             continue
         try:
-            sa = _statements(ast.parse(a or ""))
-            sb = _statements(ast.parse(b or ""))
+            sa = _statements(pyast.parse(a or ""))
+            sb = _statements(pyast.parse(b or ""))
         except SyntaxError:
             unparsable.add(path)
             continue

@@ -76,3 +76,22 @@ def test_true_fix_among_candidates_on_a_suite_subset(tmp_path):
         counts.append(len(cands))
         assert any(c.apply(sol) == fixed for c in cands), t.task_id
     assert 1 <= sum(counts) / len(counts) < 40
+
+
+def test_the_host_parses_python_under_one_lock():
+    """CPython 3.11's AST constructor shares its recursion depth between threads
+    (python/cpython#106905: "SystemError: AST constructor recursion depth mismatch", seen once in
+    7,200 demo --full episodes). Episodes step in threads, so the host's parsing goes through
+    sandboxes.pyast, which holds one lock: a parse waits while another thread holds it."""
+    import threading
+
+    from sandboxes import candidates, pyast
+
+    done = threading.Event()
+    with pyast._LOCK:
+        t = threading.Thread(target=lambda: (candidates.propose_edits("def f(a):\n    return a < 1\n", 2),
+                                             done.set()))
+        t.start()
+        assert not done.wait(0.3)                   # blocked on the lock
+    assert done.wait(10)
+    t.join()
