@@ -29,6 +29,7 @@ import hashlib
 import json
 import sys
 from dataclasses import asdict, is_dataclass
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -45,7 +46,13 @@ def start(bundle, commit: str, worker_file: str, isolation: str) -> bytes:
     """The digest an episode's history starts from."""
     limits = asdict(bundle.limits) if is_dataclass(bundle.limits) else repr(bundle.limits)
     return chain(b"ratchet-test-results-v1", bundle.environment_digest, commit, limits, isolation,
-                 sys.version, hashlib.sha256(Path(worker_file).read_bytes()).hexdigest())
+                 sys.version, _file_digest(worker_file))
+
+
+@lru_cache(maxsize=8)
+def _file_digest(path: str) -> str:
+    """The worker's code, read once per process (not once per episode)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def tree_state(root: str) -> list:
