@@ -98,6 +98,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--hidden", type=int, default=None, help="a random model of this width (embedded tokenizer)")
     ap.add_argument("--layers", type=int, default=None, help="... and this depth")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer random model, unconstrained")
+    ap.add_argument("--no-share-prefix", action="store_true",
+                    help="every row attends its own copy of the system turn's KV (the engine before shared-prefix attention)")
     ap.add_argument("--cache", default=None, help="where the embedded base is built (default: a temp dir)")
     a = ap.parse_args(argv)
 
@@ -119,6 +121,7 @@ def main(argv=None) -> dict:
                                          thought_chars=a.thought_chars or b.thought_chars)}
         policy, info = _tiny_policy() if a.tiny else _embedded_policy(train, Path(a.cache or tmp), grammar,
                                                                             a.grammar, a.hidden, a.layers)
+        policy.share_prefix = not a.no_share_prefix
         info["grammar"] = repr(grammar.get("bounds", "default bounds")) if info["constrained"] else None
         params = sum(p.numel() for p in policy.model.parameters())
         rt = LocalRuntime(Path(tmp) / "rt")
@@ -148,8 +151,10 @@ def main(argv=None) -> dict:
         sizes.clear()
         gen_s[0] = 0.0
         t0 = time.monotonic()
+        shared0 = policy.stats.get("shared_prefix_tokens", 0)
         bat = run_episodes(policy, jobs, concurrency=a.concurrency, min_batch=a.min_batch or a.concurrency, **kw)
         bat_s, bat_gen = time.monotonic() - t0, gen_s[0]
+        shared_tokens = policy.stats.get("shared_prefix_tokens", 0) - shared0
 
     same = [x.messages == y.messages and x.reward == y.reward for x, y in zip(seq, bat)]
     n = len(jobs)
@@ -173,7 +178,8 @@ def main(argv=None) -> dict:
               "baseline": "one episode at a time (run_policy_episode)", "baseline_eps_per_s": round(n / seq_s, 4),
               "mean_batch": round(sum(sizes) / max(1, len(sizes)), 2), "identical": all(same),
               "identical_episodes": sum(same), "generate_s": round(bat_gen, 2), "baseline_generate_s": round(seq_gen, 2),
-              "generate_ratio": round(seq_gen / bat_gen, 2), "ratio": round(seq_s / bat_s, 2)}
+              "generate_ratio": round(seq_gen / bat_gen, 2),
+              "share_prefix": not a.no_share_prefix, "shared_prefix_tokens": shared_tokens, "ratio": round(seq_s / bat_s, 2)}
     print(json.dumps(result))
     return result
 

@@ -4,6 +4,8 @@ grammar-forced runs (one forward for a run instead of one per token), the greedy
 once), and KV prefixes looked up by content (kept after use, so a second episode with the same
 history reuses them). The reference is the plain path: transformers' own attention, one forward per
 token, no memo, no prefix cache."""
+from dataclasses import replace
+
 import pytest
 
 from ratchet.policy import GenerationRequest
@@ -159,3 +161,57 @@ def test_a_locked_or_broken_memo_file_never_fails_generation(tiny, tmp_path):
         p = TransformersPolicy(*tiny, constrained=True, grammar=GRAMMAR, memo_path=bad)
     reqs = _reqs(0.0, n=1, k=2)
     _same(p.generate(reqs), _plain(tiny).generate(reqs))
+
+
+@pytest.mark.parametrize("q,masked", [(1, True), (3, True), (3, False)])
+def test_shared_prefix_attention_equals_attention_over_the_whole_cache(q, masked):
+    """One copy of the shared prefix's KV for every row gives what each row attending its own
+    full copy gives: the same softmax over [prefix | own columns], with padding masked and rows
+    whose own part is only padding."""
+    import torch
+
+    from ratchet.policy.engines.attention import shared_prefix_attention
+
+    g = torch.Generator().manual_seed(0)
+    b, h, kvh, d, n_pre, n_row = 3, 4, 2, 8, 5, 6
+    query = torch.randn(b, h, q, d, generator=g)
+    pk, pv = torch.randn(kvh, n_pre, d, generator=g), torch.randn(kvh, n_pre, d, generator=g)
+    key, value = torch.randn(b, kvh, n_row, d, generator=g), torch.randn(b, kvh, n_row, d, generator=g)
+    # row 1 left-padded, row 2 with nothing cached of its own (only the new tokens); no mask: causal
+    own = [n_row, 4, q] if masked else [n_row] * b
+    allowed = torch.zeros(b, 1, q, n_row, dtype=torch.bool)
+    for i, n in enumerate(own):
+        for j in range(q):                              # left padding, then causal among the last q
+            allowed[i, 0, j, n_row - n:n_row - q + j + 1] = True
+    out, _ = shared_prefix_attention(query, key, value, allowed if masked else None, pk, pv)
+    full_k = torch.cat([pk.expand(b, -1, -1, -1), key], 2).repeat_interleave(h // kvh, 1)
+    full_v = torch.cat([pv.expand(b, -1, -1, -1), value], 2).repeat_interleave(h // kvh, 1)
+    full_mask = torch.cat([torch.ones(b, 1, q, n_pre, dtype=torch.bool), allowed], -1)
+    ref = torch.nn.functional.scaled_dot_product_attention(query, full_k, full_v, attn_mask=full_mask)
+    assert out.shape == (b, q, h, d)
+    torch.testing.assert_close(out, ref.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefix_decoding_changes_no_token_over_turns(tiny, temperature):
+    """Rows sharing the system turn decode it from one copy; the tokens, logprobs and the KV kept
+    for the next turn (prefix + own columns) are the ones each row's own copy gives."""
+    shared = TransformersPolicy(*tiny, constrained=True, grammar=GRAMMAR, memo_size=0)
+    own = TransformersPolicy(*tiny, constrained=True, grammar=GRAMMAR, memo_size=0, share_prefix=False)
+    long_sys = {"role": "system", "content": "You repair code with the tools you are given. " * 8}
+    reqs = [replace(r, messages=[long_sys] + r.messages[1:]) for r in _reqs(temperature, n=2, k=3)]
+    a, b = shared.generate(reqs), own.generate(reqs)
+    _same(a, b)
+    assert shared.stats["shared_prefix_tokens"] >= 6 * 64 and own.stats["shared_prefix_tokens"] == 0
+    nxt = []
+    for r, [c, _] in zip(reqs, a):
+        conv = r.messages + [{"role": "assistant", "content": c.text, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+            for t in c.tool_calls]}, {"role": "tool", "tool_call_id": "c", "name": "run_tests", "content": "1 failed"}]
+        nxt.append(GenerationRequest(conv, TOOLS, seed=r.seed + 9, max_tokens=80, temperature=temperature,
+                                     prefix_ids=c.prompt_ids + c.token_ids))
+    cached = shared.stats["cached_tokens"]
+    a2, b2 = shared.generate(nxt), own.generate(nxt)
+    _same(a2, b2)
+    assert shared.stats["cached_tokens"] - cached >= sum(len(c.prompt_ids) for [c, _] in a)   # turn 1's KV reused
+    _same(a2, _plain(tiny).generate(nxt))

@@ -9,6 +9,15 @@ over the grouped layout, with no copy; longer queries (prefill) go to transforme
 unchanged.
 
     name = register()                     # "ratchet_gqa", for config._attn_implementation
+
+Shared-prefix (cascade) attention: when the rows of a batch start with the same ids (the system
+prompt and tool list every episode of a suite shares, ~1,000 tokens for the embedded chat), the
+engine keeps one copy of that prefix's KV and passes it as `shared_kv=[(keys, values) per layer]`
+(each [kv_heads, P, dim]) to the model call; the batch cache then holds only each row's suffix.
+Scores against the prefix are one matmul for all rows' queries (the prefix is read once per step,
+not once per row), scores against the suffix are per row, and the two parts are merged by their
+softmax statistics. Measured at batch 16 on the embedded model: per-row KV reads over the shared
+prefix were most of a decode step (8.6 ms a step against 1.8 ms for one row).
 """
 from __future__ import annotations
 
@@ -22,6 +31,10 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout: flo
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    shared = kwargs.pop("shared_kv", None)
+    if shared is not None:
+        k0, v0 = shared[module.layer_idx]
+        return shared_prefix_attention(query, key, value, attention_mask, k0, v0, scaling)
     b, h, q, d = query.shape
     kvh = key.shape[1]
     if q > SMALL_Q or kvh == h or dropout or (q > 1 and attention_mask is None):   # no mask: causal is implied
@@ -37,6 +50,44 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout: flo
         scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     out = torch.matmul(probs, value)                 # [b, kvh, g*q, d]
+    return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
+
+
+def shared_prefix_attention(query, key, value, attention_mask, prefix_k, prefix_v, scaling=None):
+    """Attention of `query` [b, h, q, d] over a prefix every row shares (`prefix_k/v` [kvh, P, d],
+    visible to every query) followed by each row's own `key/value` [b, kvh, L, d] under
+    `attention_mask` ([b, 1, q, L] bool or additive; None: causal over the last q columns).
+    Returns [b, q, h, d], as the attention interface expects."""
+    import torch
+
+    b, h, q, d = query.shape
+    kvh, n_pre = prefix_k.shape[0], prefix_k.shape[1]
+    g, n_row = h // kvh, key.shape[2]
+    scale = scaling if scaling is not None else d ** -0.5
+    qg = query.reshape(b, kvh, g * q, d)
+    # prefix: every row's queries of a KV head in one [b*g*q, d] x [d, P] matmul
+    sp = torch.matmul(qg.transpose(0, 1).reshape(kvh, b * g * q, d), prefix_k.transpose(-1, -2)) * scale
+    mp = sp.amax(-1, keepdim=True)                               # [kvh, b*g*q, 1]
+    ep = torch.exp(sp - mp)
+    zp = ep.sum(-1, keepdim=True)
+    op = torch.matmul(ep, prefix_v)                              # [kvh, b*g*q, d]
+    back = (lambda t: t.reshape(kvh, b, g * q, t.shape[-1]).transpose(0, 1))   # -> [b, kvh, g*q, .]
+    mp, zp, op = back(mp), back(zp), back(op)
+    if n_row == 0:
+        return (op / zp).reshape(b, h, q, d).transpose(1, 2).contiguous(), None
+    ss = torch.matmul(qg, key.transpose(-1, -2)) * scale        # [b, kvh, g*q, L]
+    if attention_mask is None:
+        if q > 1:                                                # causal among the last q columns
+            m = torch.ones(q, n_row, dtype=torch.bool, device=query.device).tril(n_row - q)
+            ss = ss.masked_fill(~m.repeat(g, 1), float("-inf"))
+    else:
+        m = attention_mask[..., :n_row]
+        m = m if q == 1 else m.repeat(1, 1, g, 1)               # rows of scores are (head in group, query)
+        ss = ss.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else ss + m
+    mx = torch.maximum(mp, ss.amax(-1, keepdim=True))           # finite: the prefix is never masked
+    es = torch.exp(ss - mx)
+    a = torch.exp(mp - mx)                                      # rescales the prefix part
+    out = (op * a + torch.matmul(es, value)) / (zp * a + es.sum(-1, keepdim=True))
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
 
 
