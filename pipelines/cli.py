@@ -86,9 +86,8 @@ def cmd_query(args) -> int:
 def cmd_demo(args) -> int:
     from pipelines.demo import run_demo
 
-    eval_tasks = 400 if args.full else args.eval_tasks
-    return run_demo(_home(args), quick=args.quick, tasks=args.tasks, eval_tasks=eval_tasks,
-                    train=not args.no_train)
+    return run_demo(_home(args), quick=args.quick, tasks=args.tasks, eval_tasks=args.eval_tasks,
+                    train=not args.no_train, full=args.full)
 
 
 def cmd_scorecard(args) -> int:
@@ -243,11 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="run the whole lifecycle on the embedded default")
     s.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
-    s.add_argument("--tasks", type=int, help="how many tasks the reference agents run (default 120, quick 16)")
+    s.add_argument("--tasks", type=int, help="how many tasks the reference agents run (default 240, --full 400, "
+                                                   "quick 16)")
     s.add_argument("--eval-tasks", type=int, help="locked holdout tasks evaluated per policy x seed (default 20, "
                                                   "quick 4; 400 = the reference workload)")
     s.add_argument("--full", action="store_true", help="the reference workload: every policy on 400 locked "
-                                                       "holdout tasks x 3 seeds (same as --eval-tasks 400)")
+                                                       "holdout tasks x 3 seeds, with the agents' logs of 400 tasks")
     s.add_argument("--no-train", action="store_true", help="skip the improvement cycle (training a candidate, "
                                                            "its evaluation and the promotion decision)")
     s.set_defaults(fn=cmd_demo)

@@ -23,7 +23,12 @@ import time
 from datetime import datetime, timezone
 
 QUICK = {"problems": 12, "tasks": 16, "eval_tasks": 4}
-FULL = {"problems": None, "tasks": 120, "eval_tasks": 20}
+# The agents' logs are sized for the candidate's training data: at 240 tasks the largest tenant
+# has ~30 consented, accepted train-split trajectories from the structured agent (the tools the
+# policy is offered; SFT falls back to every row below RecipeSettings.min_structured = 8), at 400
+# (`--full`) ~50, like the learning bench's 47.
+FULL = {"problems": None, "tasks": 240, "eval_tasks": 20}
+REFERENCE = {"problems": None, "tasks": 400, "eval_tasks": 400}
 DEMO_POLICIES = ("harness:random", "harness:sbfl", "scripted:expert")
 # The demo candidate's training, sized for the 15-minute budget on 2 cores (docs/training.md has
 # the learning bench's larger runs). Quick: a smoke-sized model and a step or two.
@@ -68,7 +73,7 @@ def prepare_landing(home, size: dict) -> dict:
 
 
 def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: int | None = None,
-             train: bool = True) -> int:
+             train: bool = True, full: bool = False) -> int:
     from dagster import DagsterInstance
 
     from assets.evaluation import run_evaluation
@@ -76,7 +81,7 @@ def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: in
 
     t0 = time.perf_counter()
     _say(f"RATCHET_HOME={home.root}")
-    size = dict(QUICK if quick else FULL)
+    size = dict(QUICK if quick else REFERENCE if full else FULL)
     if tasks:
         size["tasks"] = tasks
     if eval_tasks:
@@ -126,15 +131,14 @@ def improvement_cycle(home, instance, defs, quick: bool, n: int) -> dict | None:
     from ratchet.cycle import CycleSettings
     from ratchet.warehouse import Warehouse
 
-    rows = Warehouse(home.warehouse).store().read(
-        "SELECT ts.tenant_id, count(*) AS n FROM training_set ts JOIN trajectories t USING (record_id) "
-        "WHERE ts.split = 'train' AND t.accepted GROUP BY 1 ORDER BY 2 DESC, 1")
-    if not rows:
+    counts = training_counts(home)
+    if not counts:
         _say("no tenant has consented, accepted train-split trajectories: no candidate to train this time")
         return None
-    tenant, n_rows = rows[0]["tenant_id"], rows[0]["n"]
-    per_tenant = ", ".join(f"{r['tenant_id']} {r['n']}" for r in rows)
-    _say(f"improvement cycle: a candidate for tenant {tenant} ({n_rows} consented training trajectories; "
+    tenant, n_rows = counts[0]["tenant_id"], counts[0]["n"]
+    per_tenant = ", ".join(f"{r['tenant_id']} {r['n']} ({r['structured']} structured)" for r in counts)
+    _say(f"improvement cycle: a candidate for tenant {tenant} ({n_rows} consented, accepted train-split "
+         f"trajectories, {counts[0]['structured']} of them from the structured agent, the rows SFT uses; "
          f"per tenant: {per_tenant}): base_policy -> SFT -> RL, "
          + (f"then the champion and the candidate on the same {n} holdout tasks x 3 seeds, then the promotion gates"
             if not quick else "quick: a smoke-sized model, one RL step, 1 holdout task x 3 seeds, then the gates"))
@@ -144,8 +148,23 @@ def improvement_cycle(home, instance, defs, quick: bool, n: int) -> dict | None:
                              ops=QUICK_TRAIN if quick else TRAIN, policy_kwargs=QUICK_POLICY if quick else {})
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     out = run_cycle(instance, defs, settings=settings, when=today, log=_say)   # one demo candidate a day: a re-run resumes
-    out["tenant"], out["training_trajectories"] = tenant, n_rows
+    out["tenant"], out["training_trajectories"], out["training_data"] = tenant, n_rows, counts
     return out
+
+
+def training_counts(home) -> list[dict]:
+    """Per tenant: consented, accepted train-split trajectories (`n`) and how many of them call
+    only the structured tools the embedded policy is offered (`structured`: what its SFT trains
+    on), largest first."""
+    from ratchet.store import fetch
+    from ratchet.training.data import tenant_training_rows
+    from ratchet.training.recipe import structured_rows
+    from ratchet.warehouse import Warehouse
+
+    with Warehouse(home.warehouse).store().connect() as con:
+        rows = fetch(con, "SELECT ts.tenant_id, count(*) AS n FROM training_set ts JOIN trajectories t "
+                          "USING (record_id) WHERE ts.split = 'train' AND t.accepted GROUP BY 1 ORDER BY 2 DESC, 1")
+        return [{**r, "structured": len(structured_rows(tenant_training_rows(con, r["tenant_id"])))} for r in rows]
 
 
 def report(home, cycle: dict | None) -> None:
@@ -159,6 +178,9 @@ def report(home, cycle: dict | None) -> None:
     if cycle is not None:
         _say("columns: " + "; ".join(f"{pid} = {what}" for pid, what in column_legend(home, cycle["candidate"]))
              + "; harness:* / scripted:* = the no-weights baselines")
+        _say(f"the candidate was trained for {cycle.get('tenant')}; training data per tenant (consented, accepted, "
+             "train split; structured = the rows its SFT uses): " + ", ".join(
+                 f"{r['tenant_id']} {r['n']} ({r['structured']} structured)" for r in cycle.get("training_data") or ()))
     print(economics_text(wh), file=sys.stderr)
     _say(f"scorecard stored at {home.root / 'scorecard.md'} (and in the scorecard asset's metadata and MLflow); "
          f"`ratchet scorecard` prints it again")
@@ -223,7 +245,7 @@ def _cycle_summary(cycle: dict | None) -> dict | None:
         return None
     p = cycle["promotion"] or {}
     return {"candidate": cycle["candidate"], "tenant": cycle.get("tenant"),
-            "training_trajectories": cycle.get("training_trajectories"),
+            "training_trajectories": cycle.get("training_trajectories"), "training_data": cycle.get("training_data"),
             "policy": p.get("candidate"), "decision": p.get("state"), "verdict": p.get("verdict"),
             "failing_gates": p.get("failing_gates"), "champion_now": p.get("champion_now")}
 

@@ -36,6 +36,10 @@ PRICE_PROMPT = 3.0e-6          # USD per prompt token ($3 / 1M)
 PRICE_COMPLETION = 15.0e-6     # USD per completion token ($15 / 1M)
 PRICE_SANDBOX_S = 1.0e-4       # USD per started sandbox second ($0.36 / hour)
 TENANTS = ("acme", "globex", "initech")
+# Tenants differ in volume, as customers do: the largest one gets enough consented, accepted
+# train-split trajectories for a demo candidate's SFT (at the demo's 240 tasks ~30 from the
+# structured agent, against ~11 with an even split of 120 tasks).
+TENANT_MIX = (0.3, 0.5, 0.2)
 CONSENT_MIX = (("valid", 0.70), ("expired", 0.08), ("revoked", 0.08), ("missing", 0.07), ("unknown", 0.07))
 DEFAULT_AS_OF = "2026-11-28"
 RETENTION_DAYS = 90
@@ -112,7 +116,7 @@ def plan(task_ids: list[str], seed: int, as_of: datetime, expert_share: float = 
     jobs = []
     # Every consent case and tenant appears at least once, then the mix decides.
     consents = list(kinds) + rng.choices(kinds, weights, k=max(0, len(task_ids) - len(kinds)))
-    tenants = list(TENANTS) + [rng.choice(TENANTS) for _ in range(max(0, len(task_ids) - len(TENANTS)))]
+    tenants = list(TENANTS) + rng.choices(TENANTS, TENANT_MIX, k=max(0, len(task_ids) - len(TENANTS)))
     rng.shuffle(consents)
     rng.shuffle(tenants)
     for i, tid in enumerate(task_ids):
