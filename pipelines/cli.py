@@ -242,12 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="run the whole lifecycle on the embedded default")
     s.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
-    s.add_argument("--tasks", type=int, help="how many tasks the reference agents run (default 240, --full 400, "
+    s.add_argument("--tasks", type=int, help="how many tasks the reference agents run (default 360, --full 600, "
                                                    "quick 16)")
     s.add_argument("--eval-tasks", type=int, help="locked holdout tasks evaluated per policy x seed (default 20, "
                                                   "quick 4; 400 = the reference workload)")
     s.add_argument("--full", action="store_true", help="the reference workload: every policy on 400 locked "
-                                                       "holdout tasks x 3 seeds, with the agents' logs of 400 tasks")
+                                                       "holdout tasks x 3 seeds, with the agents' logs of 600 tasks")
     s.add_argument("--no-train", action="store_true", help="skip the improvement cycle (training a candidate, "
                                                            "its evaluation and the promotion decision)")
     s.set_defaults(fn=cmd_demo)

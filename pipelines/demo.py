@@ -23,12 +23,13 @@ import time
 from datetime import datetime, timezone
 
 QUICK = {"problems": 12, "tasks": 16, "eval_tasks": 4}
-# The agents' logs are sized for the candidate's training data: at 240 tasks the largest tenant
-# has ~30 consented, accepted train-split trajectories from the structured agent (the tools the
-# policy is offered; SFT falls back to every row below RecipeSettings.min_structured = 8), at 400
-# (`--full`) ~50, like the learning bench's 47.
-FULL = {"problems": None, "tasks": 240, "eval_tasks": 20}
-REFERENCE = {"problems": None, "tasks": 400, "eval_tasks": 400}
+# The agents' logs are sized for the candidate's training data. Measured at 240 tasks: the largest
+# tenant had 27 consented, accepted train-split trajectories, 18 of them from the structured agent
+# (the tools the policy is offered: the rows its SFT uses; below RecipeSettings.min_structured = 8
+# it falls back to every row, which made the demo's SFT worse than no training). The demo runs
+# 360 tasks (~27 structured), `--full` 600 (~45, the learning bench's 47).
+FULL = {"problems": None, "tasks": 360, "eval_tasks": 20}
+REFERENCE = {"problems": None, "tasks": 600, "eval_tasks": 400}
 DEMO_POLICIES = ("harness:random", "harness:sbfl", "scripted:expert")
 # The demo candidate's training, sized for the 15-minute budget on 2 cores (docs/training.md has
 # the learning bench's larger runs). Quick: a smoke-sized model and a step or two.

@@ -37,8 +37,8 @@ PRICE_COMPLETION = 15.0e-6     # USD per completion token ($15 / 1M)
 PRICE_SANDBOX_S = 1.0e-4       # USD per started sandbox second ($0.36 / hour)
 TENANTS = ("acme", "globex", "initech")
 # Tenants differ in volume, as customers do: the largest one gets enough consented, accepted
-# train-split trajectories for a demo candidate's SFT (at the demo's 240 tasks ~30 from the
-# structured agent, against ~11 with an even split of 120 tasks).
+# train-split trajectories for a demo candidate's SFT (measured at 240 tasks: 18 from the
+# structured agent, against 11 with an even split of 120 tasks; pipelines/demo.py sizes the demo).
 TENANT_MIX = (0.3, 0.5, 0.2)
 CONSENT_MIX = (("valid", 0.70), ("expired", 0.08), ("revoked", 0.08), ("missing", 0.07), ("unknown", 0.07))
 DEFAULT_AS_OF = "2026-11-28"
