@@ -42,6 +42,12 @@ def test_demo_then_two_scheduled_cycles(home, capsys):
     cycle = first["cycle"]
     assert cycle and cycle["decision"] in ("rejected", "canary", "promoted"), cycle   # a decision, not "waiting"
     assert cycle["policy"].startswith(f"embedded:ratchet-{cycle['tenant']}-cycle-")
+    # the per-tenant training data is reported beside the results; the candidate is the largest tenant's
+    data = cycle["training_data"]
+    assert data[0]["tenant_id"] == cycle["tenant"] and data[0]["n"] == cycle["training_trajectories"] == \
+        max(r["n"] for r in data) and all(0 <= r["structured"] <= r["n"] for r in data)
+    assert f"training data per tenant (consented, accepted, train split; structured = the rows its SFT uses): " \
+           f"{data[0]['tenant_id']} {data[0]['n']} ({data[0]['structured']} structured)" in out.err
     assert "promotion decision for embedded:" in out.err and "sft checkpoint" in out.err and "rl checkpoint" in out.err
     assert "ratchet ui" in out.err and "ratchet mlflow" in out.err and "ratchet query" in out.err
     # SPEC's columns: the prompted baseline and the SFT checkpoint are evaluated beside the candidate
