@@ -10,7 +10,7 @@ torch.Generator seeded from (request.seed, sample index), so a row samples the s
 or in any batch), its own grammar state (requests may offer different tools), its own
 max_tokens and stop strings, and the unmasked log-probability of each sampled token.
 
-Three shortcuts, none of which changes a sampled id (tests/policy/test_engine_speedups.py compares
+Four shortcuts, none of which changes a sampled id (tests/policy/test_engine_speedups.py compares
 each with the plain path; measured on a trained checkpoint's real episodes in docs/policy.md):
 - **jump-forward**: a token the grammar forces (one allowed id) needs no logits to be chosen, so
   the run of forced tokens after a sampled one is fed in the next forward with it, instead of one
@@ -23,6 +23,10 @@ each with the plain path; measured on a trained checkpoint's real episodes in do
   episodes of a suite share. Entries stay until evicted (LRU, `prefix_cache` of them). The KV of a
   position depends only on the ids up to it, so any kept prefix is exact for fixed weights (a
   trainer makes a new policy object per weight update, as ratchet.training.grpo_loop does).
+- **shared-prefix attention**: the ids every row of a batch starts with (the system turn) are
+  attended from one copy of their KV (engines.attention.shared_prefix_attention; the batch cache
+  holds each row's own columns only). The same softmax over the same columns, summed in another
+  order: equal to rounding (`share_prefix=False` is the reference).
 - **greedy memo**: at temperature 0 a turn is a function of its prompt ids, the grammar (offered
   tools, bounds) and its length and stop limits; the completion is kept under a digest of them
   (`memo_size`), so the seeds of a deterministic episode, and repeated prompts in one call,
