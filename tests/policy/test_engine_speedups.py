@@ -215,3 +215,27 @@ def test_shared_prefix_decoding_changes_no_token_over_turns(tiny, temperature):
     _same(a2, b2)
     assert shared.stats["cached_tokens"] - cached >= sum(len(c.prompt_ids) for [c, _] in a)   # turn 1's KV reused
     _same(a2, _plain(tiny).generate(nxt))
+
+
+def test_shared_prefix_when_the_rows_share_their_whole_prompt(tiny):
+    """A GRPO group: n samples of one prompt share all of it, so the batch cache starts empty and
+    holds only what is decoded; tokens, logprobs and the next turn's reuse are the unshared ones."""
+    long_sys = {"role": "system", "content": "You repair code with the tools you are given. " * 8}
+    req = GenerationRequest([long_sys, {"role": "user", "content": "fix add"}], TOOLS, seed=7, max_tokens=80,
+                            temperature=1.0, n=4)
+    shared = TransformersPolicy(*tiny, constrained=True, grammar=GRAMMAR, memo_size=0)
+    own = TransformersPolicy(*tiny, constrained=True, grammar=GRAMMAR, memo_size=0, share_prefix=False)
+    [a], [b] = shared.generate([req]), own.generate([req])
+    _same([a], [b])
+    assert shared.stats["shared_prefix_tokens"] == 4 * len(a[0].prompt_ids)
+    assert len({tuple(c.token_ids) for c in a}) > 1                 # the samples did differ
+    c = a[0]
+    nxt = GenerationRequest(req.messages + [
+        {"role": "assistant", "content": c.text, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": t.name, "arguments": t.arguments}} for t in c.tool_calls]},
+        {"role": "tool", "tool_call_id": "c", "name": "run_tests", "content": "1 failed"}],
+        TOOLS, seed=8, max_tokens=80, temperature=1.0, prefix_ids=c.prompt_ids + c.token_ids)
+    cached = shared.stats["cached_tokens"]
+    [[x]], [[y]] = shared.generate([nxt]), _plain(tiny).generate([nxt])
+    assert x.token_ids == y.token_ids and x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    assert shared.stats["cached_tokens"] - cached == len(c.prompt_ids) + len(c.token_ids) - 1
