@@ -131,7 +131,6 @@ def improvement_cycle(home, instance, defs, quick: bool, n: int) -> dict | None:
     train-split trajectories gets a candidate; the champion phase resumes the baselines' rows."""
     from pipelines.cycle import run_cycle
     from ratchet.cycle import CycleSettings
-    from ratchet.warehouse import Warehouse
 
     counts = training_counts(home)
     if not counts:

@@ -61,7 +61,7 @@ def shared_prefix_attention(query, key, value, attention_mask, prefix_k, prefix_
     import torch
 
     b, h, q, d = query.shape
-    kvh, n_pre = prefix_k.shape[0], prefix_k.shape[1]
+    kvh = prefix_k.shape[0]
     g, n_row = h // kvh, key.shape[2]
     scale = scaling if scaling is not None else d ** -0.5
     qg = query.reshape(b, kvh, g * q, d)
