@@ -11,13 +11,13 @@ unchanged.
     name = register()                     # "ratchet_gqa", for config._attn_implementation
 
 Shared-prefix (cascade) attention: when the rows of a batch start with the same ids (the system
-prompt and tool list every episode of a suite shares, ~1,000 tokens for the embedded chat), the
+prompt and tool list every episode of a suite shares: 240 tokens in bench/rollout.py), the
 engine keeps one copy of that prefix's KV and passes it as `shared_kv=[(keys, values) per layer]`
 (each [kv_heads, P, dim]) to the model call; the batch cache then holds only each row's suffix.
 Scores against the prefix are one matmul for all rows' queries (the prefix is read once per step,
 not once per row), scores against the suffix are per row, and the two parts are merged by their
-softmax statistics. Measured at batch 16 on the embedded model: per-row KV reads over the shared
-prefix were most of a decode step (8.6 ms a step against 1.8 ms for one row).
+softmax statistics. Each row's own columns are still read per row (docs/policy.md measures what
+that leaves).
 """
 from __future__ import annotations
 
@@ -44,13 +44,20 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout: flo
     scale = scaling if scaling is not None else d ** -0.5
     # [b, kvh, g*q, d] x [b, kvh, d, L]: each query head against its group's keys, no copy
     scores = torch.matmul(query.reshape(b, kvh, g * q, d), key.transpose(-1, -2)) * scale
-    if attention_mask is not None:                   # [b, 1, q, L]: bool (attend) or additive
-        m = attention_mask[..., :key.shape[2]]
-        m = m if q == 1 else m.repeat(1, 1, g, 1)    # rows of scores are (head in group, query)
-        scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m
+    if attention_mask is not None:
+        scores = _masked(scores, attention_mask, q, g)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     out = torch.matmul(probs, value)                 # [b, kvh, g*q, d]
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
+
+
+def _masked(scores, attention_mask, q: int, g: int):
+    """Scores [b, kvh, g*q, L] under `attention_mask` [b, 1, q, >=L]: bool (attend) or additive."""
+    import torch
+
+    m = attention_mask[..., :scores.shape[-1]]
+    m = m if q == 1 else m.repeat(1, 1, g, 1)    # rows of scores are (head in group, query)
+    return scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m
 
 
 def shared_prefix_attention(query, key, value, attention_mask, prefix_k, prefix_v, scaling=None):
@@ -81,9 +88,7 @@ def shared_prefix_attention(query, key, value, attention_mask, prefix_k, prefix_
             m = torch.ones(q, n_row, dtype=torch.bool, device=query.device).tril(n_row - q)
             ss = ss.masked_fill(~m.repeat(g, 1), float("-inf"))
     else:
-        m = attention_mask[..., :n_row]
-        m = m if q == 1 else m.repeat(1, 1, g, 1)               # rows of scores are (head in group, query)
-        ss = ss.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else ss + m
+        ss = _masked(ss, attention_mask, q, g)
     mx = torch.maximum(mp, ss.amax(-1, keepdim=True))           # finite: the prefix is never masked
     es = torch.exp(ss - mx)
     a = torch.exp(mp - mx)                                      # rescales the prefix part
