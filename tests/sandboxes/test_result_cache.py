@@ -203,3 +203,39 @@ def test_a_reused_run_is_priced_at_what_it_took_when_made(rt):
     assert rt.test_cache.hits - hits == 3 and tests_made == tests_reused == 1.0   # localize, run_tests, verify
     # the real parts (edits, worktrees) run again; a stopped worker's teardown is not re-counted
     assert reused >= 0.6 * made and made > 0.1
+
+
+def test_read_only_mounts_in_scratch_are_listed_but_not_walked(tmp_path):
+    """The worker's /tmp walk (`scratch_changed`) must not descend into what bwrap binds read-only
+    there: a venv in a clone under /tmp (CI, a fresh checkout) sat inside the sandbox's /tmp and
+    was walked twice per test run, ~10x slower evaluations. A write to /tmp is still seen."""
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    from sandboxes.isolation import Bwrap, SandboxSpec, bwrap_selftest
+
+    if bwrap_selftest():
+        pytest.skip(bwrap_selftest())
+    ro = tmp_path / "ro"                       # tmp_path lies under /tmp: so does the bind inside
+    for i in range(50):
+        (ro / f"d{i % 5}").mkdir(parents=True, exist_ok=True)
+        (ro / f"d{i % 5}" / f"f{i}.py").write_text("x = 1\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chmod(work, 0o777)
+    worker = str(Path(__file__).resolve().parents[2] / "sandboxes" / "pytest_worker.py")
+    code = ("import json, sys; sys.path.insert(0, '/.ratchet'); from pytest_worker import file_states; "
+            "ro = sys.argv[1]; before = [p for p, _, _ in file_states(['/tmp'])]; "
+            "open('/tmp/left.txt', 'w').write('x'); after = [p for p, _, _ in file_states(['/tmp'])]; "
+            "print(json.dumps([ro in before, sum(p.startswith(ro + '/') for p in before), "
+            "'/tmp/left.txt' in before, '/tmp/left.txt' in after]))")
+    r = Bwrap(SandboxSpec(workdir=str(work), ro_binds=(str(ro),), tool_files={"pytest_worker.py": worker})) \
+        .run([sys.executable, "-c", code, str(ro)], timeout=60)
+    assert r.returncode == 0, r.stderr
+    # the mount point is listed, nothing below it; a file left in /tmp is seen
+    assert json.loads(r.stdout) == [True, 0, False, True]
+    # the same tree, writable on the host: walked in full (only read-only mounts are skipped)
+    from sandboxes.pytest_worker import file_states
+    assert len([p for p, _, _ in file_states([str(ro)])]) == 55
