@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="run the whole lifecycle on the embedded default")
     s.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
-    s.add_argument("--tasks", type=int, help="how many tasks the reference agents run (default 120, --full 600, "
+    s.add_argument("--tasks", type=int, help="how many tasks the reference agents run (default 360, --full 600, "
                                                    "quick 16)")
     s.add_argument("--eval-tasks", type=int, help="locked holdout tasks evaluated per policy x seed (default 20, "
                                                   "quick 4; 400 = the reference workload)")

@@ -23,13 +23,14 @@ import time
 from datetime import datetime, timezone
 
 QUICK = {"problems": 12, "tasks": 16, "eval_tasks": 4}
-# The agents' logs are sized for the candidate's training data. Measured at 240 tasks: the largest
-# tenant had 27 consented, accepted train-split trajectories, 18 of them from the structured agent
-# (the tools the policy is offered: the rows its SFT uses; below RecipeSettings.min_structured = 8
-# it falls back to every row, which made the demo's SFT worse than no training). From clean clones
-# `make demo` took 935 s at 360 tasks and 1,015 s at 240, over its 15 minutes, so it stays at 120
-# (758 s measured, with an even tenant split); `--full` runs 600: globex 52 (28 structured).
-FULL = {"problems": None, "tasks": 120, "eval_tasks": 20}
+# The agents' logs are sized for the candidate's training data. Measured at 360 tasks (a clean
+# clone, 2026-12-01): the largest tenant had 36 consented, accepted train-split trajectories, 21 of
+# them from the structured agent (the tools the policy is offered: the rows its SFT uses; below
+# RecipeSettings.min_structured = 8 it falls back to every row, which made the demo's SFT worse
+# than no training; at 120 tasks it had 7). `make demo` took 680 s from a clean clone at 360
+# tasks, once the sandbox's scratch walk stopped entering a venv under /tmp (935 s before);
+# `--full` runs 600: globex 52 (28 structured).
+FULL = {"problems": None, "tasks": 360, "eval_tasks": 20}
 REFERENCE = {"problems": None, "tasks": 600, "eval_tasks": 400}
 DEMO_POLICIES = ("harness:random", "harness:sbfl", "scripted:expert")
 # The demo candidate's training, sized for the 15-minute budget on 2 cores (docs/training.md has
