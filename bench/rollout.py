@@ -87,6 +87,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on a shared 2-core machine 2 threads were 8x slower per step)")
+    ap.add_argument("--batched-threads", type=int, default=None,
+                    help="torch threads for the batched run only (default: --threads). One episode at a time "
+                         "is fastest at 1 thread here (batch-1 matmuls are too small to split), a batch of 16 "
+                         "at 2: `--batched-threads 2` compares each mode at its own best")
     ap.add_argument("--max-string", type=int, default=None,
                     help="grammar bound on JSON strings (default: ratchet.policy.grammar.Bounds)")
     ap.add_argument("--thought-chars", type=int, default=None, help="grammar bound on the thought line")
@@ -150,6 +154,8 @@ def main(argv=None) -> dict:
         seq_calls, seq_gen = len(sizes), gen_s[0]
         sizes.clear()
         gen_s[0] = 0.0
+        bat_threads = a.batched_threads or a.threads
+        torch.set_num_threads(bat_threads)
         t0 = time.monotonic()
         shared0 = policy.stats.get("shared_prefix_tokens", 0)
         bat = run_episodes(policy, jobs, concurrency=a.concurrency, min_batch=a.min_batch or a.concurrency, **kw)
@@ -164,7 +170,7 @@ def main(argv=None) -> dict:
             (f"batched (concurrency {a.concurrency})", bat_s, len(sizes), bat_gen, sum(r.sandbox_s for r in bat))]
     print(f"rollout bench: {n} episodes x <= {a.max_turns} turns, {info['model']}, {params:,} parameters, "
           f"constrained={info['constrained']} ({info['grammar']}), temperature 1.0, max_tokens {a.max_tokens}, "
-          f"torch threads {a.threads}")
+          f"torch threads {a.threads} (batched: {bat_threads})")
     print(f"{'mode':38s} {'wall s':>8s} {'eps/s':>8s} {'generate calls':>15s} {'generate s':>11s} "
           f"{'sandbox s (sum)':>16s}")
     for name, wall, calls, g, sb in rows:
@@ -173,7 +179,7 @@ def main(argv=None) -> dict:
           f"max batch {max(sizes or [0])}, outcomes {sorted({r.outcome for r in bat})}, "
           f"identical transcripts {sum(same)}/{n}")
     result = {"bench": "rollout", "episodes": n, "max_turns": a.max_turns, "turns": turns, "tokens_out": tok_out,
-              "model": info["model"], "parameters": params, "constrained": info["constrained"], "grammar": info["grammar"], "threads": a.threads,
+              "model": info["model"], "parameters": params, "constrained": info["constrained"], "grammar": info["grammar"], "threads": a.threads, "batched_threads": bat_threads,
               "concurrency": a.concurrency, "ours_eps_per_s": round(n / bat_s, 4),
               "baseline": "one episode at a time (run_policy_episode)", "baseline_eps_per_s": round(n / seq_s, 4),
               "mean_batch": round(sum(sizes) / max(1, len(sizes)), 2), "identical": all(same),
