@@ -154,7 +154,7 @@ def main(argv=None) -> dict:
         seq_calls, seq_gen = len(sizes), gen_s[0]
         sizes.clear()
         gen_s[0] = 0.0
-        bat_threads = a.batched_threads or a.threads
+        bat_threads = a.batched_threads if a.batched_threads is not None else a.threads
         torch.set_num_threads(bat_threads)
         t0 = time.monotonic()
         shared0 = policy.stats.get("shared_prefix_tokens", 0)

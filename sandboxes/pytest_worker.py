@@ -490,23 +490,26 @@ def _scratch_state(skip: str) -> list:
 
 
 def file_states(tops, skip: str = "") -> list:
-    """(path, size, mtime) of everything under the folders `tops`, sorted (the host's
-    `result_cache.tree_state` uses it for the worktree).
+    """(path, size, mtime, ctime) of everything under the folders `tops`, sorted (the host's
+    `result_cache.tree_state` uses it for the worktree). ctime too: a test can put a file's
+    size and mtime back (os.utime), not its ctime.
 
-    A read-only mount below a top is listed but not entered: no run can change what is in it.
-    Why: bwrap binds the interpreter's folders read-only at their host paths, so a venv that
-    lives under /tmp or $HOME (a clone in /tmp, ~/.venv) appears inside the sandbox's /tmp or
-    $HOME. Walking its tens of thousands of files twice per test run made a 20-task harness
-    evaluation with the test cache on take 48 s from a clone in /tmp against 5 s from one
-    elsewhere (measured 2026-12-01; the test: test_result_cache.py, read-only mounts)."""
-    out = []
-    for top in tops:
+    A read-only mount below a top is listed but not entered: no run can change what is in it;
+    a writable mount inside it (a bwrap tmpfs over a hidden path) is walked on its own.
+    Why: bwrap binds the interpreter's folders and the task's snapshot read-only at their host
+    paths, so a venv under /tmp or $HOME (a clone in /tmp, ~/.venv) appears inside the
+    sandbox's /tmp or $HOME. Walking a venv's ~60,000 files twice per test run made a 20-task
+    harness evaluation with the test cache on take 48 s from a clone in /tmp (9 s once skipped;
+    measured 2026-12-01; the test: test_result_cache.py, read-only mounts)."""
+    out, todo, writable = [], list(tops), None
+    while todo:
+        top = todo.pop()
         try:
-            devs = {top: os.lstat(top).st_dev}
+            devs = {top: os.stat(top).st_dev}
         except OSError:
             continue
         for root, dirs, files in os.walk(top):
-            keep = set()
+            subdirs, keep = set(dirs), set()
             for name in dirs + files:
                 path = os.path.join(root, name)
                 if path == skip:
@@ -515,12 +518,17 @@ def file_states(tops, skip: str = "") -> list:
                     st = os.lstat(path)
                 except OSError:
                     continue
-                out.append((path, st.st_size, st.st_mtime_ns))
-                if name in dirs and not (st.st_dev != devs.get(root) and _read_only(path)):
+                out.append((path, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+                if name not in subdirs:
+                    continue
+                if st.st_dev != devs[root] and _read_only(path):
+                    writable = _writable_mounts() if writable is None else writable
+                    todo.extend(m for m in writable if m.startswith(path + "/"))
+                else:
                     devs[path] = st.st_dev
                     keep.add(name)
             dirs[:] = [d for d in dirs if d in keep]
-    return sorted(out)
+    return sorted(set(out))
 
 
 def _read_only(path: str) -> bool:
@@ -529,6 +537,23 @@ def _read_only(path: str) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
+
+
+def _writable_mounts() -> list:
+    """Mount points mounted read-write (/proc/self/mountinfo: field 5 the path, octal-escaped;
+    field 6 the mount's own options)."""
+    import re
+
+    try:
+        with open("/proc/self/mountinfo") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return []
+
+    def unescape(p: str) -> str:
+        return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), p)
+
+    return sorted({unescape(r[4]) for r in rows if len(r) > 5 and "rw" in r[5].split(",")})
 
 
 def _install_fixture_scan_cache() -> None:

@@ -65,9 +65,14 @@ def test_a_run_that_leaves_state_behind_is_never_reused(rt):
     b = bundle()
     writes_worktree = FIX + "open('/repo/made_by_tests.txt', 'a').write('x')\n"
     writes_tmp = FIX + "import os\nopen(os.path.join(os.environ.get('TMPDIR', '/tmp'), 'flag'), 'a').write('x')\n"
-    for code in (writes_worktree, writes_tmp):
+    # rewrites a file in place with the same size and puts its mtime back: only the ctime shows it
+    covers_tracks = FIX + ("import os\np = '/repo/notes.txt'\nst = os.stat(p)\n"
+                           "old = open(p).read()\nopen(p, 'w').write('B' if old == 'A' else 'A')\n"
+                           "os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\n")
+    for code in (writes_worktree, writes_tmp, covers_tracks):
         for _ in range(2):
             with rt.episode(b) as ep:
+                ep.write_file("notes.txt", "A")
                 ep.write_file("solution.py", code)
                 assert ep.run_tests(IDS).all_passed(IDS)
     assert rt.test_cache.hits == 0 and rt.test_cache.stored == 0
@@ -208,34 +213,50 @@ def test_a_reused_run_is_priced_at_what_it_took_when_made(rt):
 def test_read_only_mounts_in_scratch_are_listed_but_not_walked(tmp_path):
     """The worker's /tmp walk (`scratch_changed`) must not descend into what bwrap binds read-only
     there: a venv in a clone under /tmp (CI, a fresh checkout) sat inside the sandbox's /tmp and
-    was walked twice per test run, ~10x slower evaluations. A write to /tmp is still seen."""
+    was walked twice per test run, ~10x slower evaluations. What a run can write is still seen:
+    /tmp itself, a writable mount inside the read-only one (a tmpfs over a hidden path), and a
+    writable mount on another device ($HOME's tmpfs under the read-only /home)."""
     import json
     import os
+    import shutil
     import sys
+    import tempfile
     from pathlib import Path
 
     from sandboxes.isolation import Bwrap, SandboxSpec, bwrap_selftest
 
     if bwrap_selftest():
         pytest.skip(bwrap_selftest())
-    ro = tmp_path / "ro"                       # tmp_path lies under /tmp: so does the bind inside
-    for i in range(50):
-        (ro / f"d{i % 5}").mkdir(parents=True, exist_ok=True)
-        (ro / f"d{i % 5}" / f"f{i}.py").write_text("x = 1\n")
-    work = tmp_path / "work"
-    work.mkdir()
-    os.chmod(work, 0o777)
-    worker = str(Path(__file__).resolve().parents[2] / "sandboxes" / "pytest_worker.py")
-    code = ("import json, sys; sys.path.insert(0, '/.ratchet'); from pytest_worker import file_states; "
-            "ro = sys.argv[1]; before = [p for p, _, _ in file_states(['/tmp'])]; "
-            "open('/tmp/left.txt', 'w').write('x'); after = [p for p, _, _ in file_states(['/tmp'])]; "
-            "print(json.dumps([ro in before, sum(p.startswith(ro + '/') for p in before), "
-            "'/tmp/left.txt' in before, '/tmp/left.txt' in after]))")
-    r = Bwrap(SandboxSpec(workdir=str(work), ro_binds=(str(ro),), tool_files={"pytest_worker.py": worker})) \
-        .run([sys.executable, "-c", code, str(ro)], timeout=60)
-    assert r.returncode == 0, r.stderr
-    # the mount point is listed, nothing below it; a file left in /tmp is seen
-    assert json.loads(r.stdout) == [True, 0, False, True]
-    # the same tree, writable on the host: walked in full (only read-only mounts are skipped)
-    from sandboxes.pytest_worker import file_states
-    assert len([p for p, _, _ in file_states([str(ro)])]) == 55
+    ro = Path(tempfile.mkdtemp(dir="/tmp", prefix="ratchet-ro-"))   # under /tmp: so is its bind inside
+    try:
+        for i in range(50):
+            (ro / f"d{i % 5}").mkdir(exist_ok=True)
+            (ro / f"d{i % 5}" / f"f{i}.py").write_text("x = 1\n")
+        work = tmp_path / "work"
+        work.mkdir()
+        os.chmod(work, 0o777)
+        worker = str(Path(__file__).resolve().parents[2] / "sandboxes" / "pytest_worker.py")
+        code = ("import json, os, sys; sys.path.insert(0, '/.ratchet'); from pytest_worker import file_states\n"
+                "ro = sys.argv[1]\n"
+                "def paths(tops): return [p for p, *_ in file_states(tops)]\n"
+                "before, home0 = paths(['/tmp']), paths(['/home'])\n"
+                "for f in ('/tmp/left.txt', ro + '/d1/left.txt', os.environ['HOME'] + '/left.txt'):\n"
+                "    try: open(f, 'w').write('x')\n"
+                "    except OSError: pass\n"
+                "after, home1 = paths(['/tmp']), paths(['/home'])\n"
+                "print(json.dumps([ro in before, sum(p.startswith(ro + '/d0/') for p in before),\n"
+                "                  '/tmp/left.txt' in after, ro + '/d1/left.txt' in after,\n"
+                "                  os.path.exists(ro + '/d1/left.txt'), home0 != home1]))")
+        spec = SandboxSpec(workdir=str(work), ro_binds=(str(ro),), hide=(str(ro / "d1"),),
+                           tool_files={"pytest_worker.py": worker})
+        r = Bwrap(spec).run([sys.executable, "-c", code, str(ro)], timeout=60)
+        assert r.returncode == 0, r.stderr
+        listed, inside, tmp_seen, cover_seen, cover_written, home_seen = json.loads(r.stdout)
+        assert listed and inside == 0           # the mount point is listed, nothing below it
+        assert tmp_seen and home_seen           # a file left in /tmp or $HOME is seen
+        assert cover_seen == cover_written      # a write into the writable cover is seen
+        # the same tree, writable on the host: walked in full (only read-only mounts are skipped)
+        from sandboxes.pytest_worker import file_states
+        assert len(file_states([str(ro)])) == 55
+    finally:
+        shutil.rmtree(ro, ignore_errors=True)
