@@ -27,9 +27,9 @@ QUICK = {"problems": 12, "tasks": 16, "eval_tasks": 4}
 # clone, 2026-12-01): the largest tenant had 36 consented, accepted train-split trajectories, 21 of
 # them from the structured agent (the tools the policy is offered: the rows its SFT uses; below
 # RecipeSettings.min_structured = 8 it falls back to every row, which made the demo's SFT worse
-# than no training; at 120 tasks with this tenant mix it had 7, in the make demo of 2026-12-01 06:03). `make demo` took 680 s from a clean clone at 360
-# tasks, once the sandbox's scratch walk stopped entering a venv under /tmp (935 s before);
-# `--full` runs 600: globex 52 (28 structured).
+# than no training; at 120 tasks with this tenant mix it had 7, in the make demo of 2026-12-01
+# 06:03). `make demo` took 680 s from a clean clone at 360 tasks, once the sandbox's scratch walk
+# stopped entering a venv under /tmp (935 s before); `--full` runs 600: globex 52 (28 structured).
 FULL = {"problems": None, "tasks": 360, "eval_tasks": 20}
 REFERENCE = {"problems": None, "tasks": 600, "eval_tasks": 400}
 DEMO_POLICIES = ("harness:random", "harness:sbfl", "scripted:expert")
