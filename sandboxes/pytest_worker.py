@@ -483,10 +483,12 @@ class _Runner:
 
 
 def _scratch_state(skip: str) -> list:
-    """Names, sizes and mtimes under this worker's /tmp and $HOME (both live as long as the
-    worker): a run that changed them left state a later run may read, so the host never reuses
-    its result (`sandboxes.result_cache`). The worker's own output file is left out."""
-    return file_states({os.environ.get("TMPDIR") or "/tmp", os.environ.get("HOME") or "/tmp"}, skip)
+    """Names, sizes and times under this worker's /tmp, $HOME and /dev/shm (all live as long as
+    the worker; /dev/shm is writable in bwrap when the sandbox runs as the caller's uid, on a
+    host that is not root): a run that changed them left state a later run may read, so the
+    host never reuses its result (`sandboxes.result_cache`). The worker's own output file is
+    left out."""
+    return file_states({os.environ.get("TMPDIR") or "/tmp", os.environ.get("HOME") or "/tmp", "/dev/shm"}, skip)
 
 
 def file_states(tops, skip: str = "") -> list:

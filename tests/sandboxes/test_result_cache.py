@@ -215,7 +215,8 @@ def test_read_only_mounts_in_scratch_are_listed_but_not_walked(tmp_path):
     there: a venv in a clone under /tmp (CI, a fresh checkout) sat inside the sandbox's /tmp and
     was walked twice per test run, ~10x slower evaluations. What a run can write is still seen:
     /tmp itself, a writable mount inside the read-only one (a tmpfs over a hidden path), and a
-    writable mount on another device ($HOME's tmpfs under the read-only /home)."""
+    writable mount on another device ($HOME's tmpfs under the read-only /home), and /dev/shm
+    (writable when the sandbox runs as the caller's uid, as here: uid 0 in the spec)."""
     import json
     import os
     import shutil
@@ -239,19 +240,24 @@ def test_read_only_mounts_in_scratch_are_listed_but_not_walked(tmp_path):
         code = ("import json, os, sys; sys.path.insert(0, '/.ratchet'); from pytest_worker import file_states\n"
                 "ro = sys.argv[1]\n"
                 "def paths(tops): return [p for p, *_ in file_states(tops)]\n"
-                "before, home0 = paths(['/tmp']), paths(['/home'])\n"
+                "from pytest_worker import _scratch_state\n"
+                "before, home0, scratch0 = paths(['/tmp']), paths(['/home']), _scratch_state('')\n"
                 "for f in ('/tmp/left.txt', ro + '/d1/left.txt', os.environ['HOME'] + '/left.txt'):\n"
                 "    try: open(f, 'w').write('x')\n"
                 "    except OSError: pass\n"
-                "after, home1 = paths(['/tmp']), paths(['/home'])\n"
+                "after, home1, scratch1 = paths(['/tmp']), paths(['/home']), _scratch_state('')\n"
+                "open('/dev/shm/left.txt', 'w').write('x')\n"
                 "print(json.dumps([ro in before, sum(p.startswith(ro + '/d0/') for p in before),\n"
                 "                  '/tmp/left.txt' in after, ro + '/d1/left.txt' in after,\n"
-                "                  os.path.exists(ro + '/d1/left.txt'), home0 != home1]))")
+                "                  os.path.exists(ro + '/d1/left.txt'), home0 != home1,\n"
+                "                  scratch0 != scratch1, scratch1 != _scratch_state('')]))")
         spec = SandboxSpec(workdir=str(work), ro_binds=(str(ro),), hide=(str(ro / "d1"),),
                            tool_files={"pytest_worker.py": worker})
         r = Bwrap(spec).run([sys.executable, "-c", code, str(ro)], timeout=60)
         assert r.returncode == 0, r.stderr
-        listed, inside, tmp_seen, cover_seen, cover_written, home_seen = json.loads(r.stdout)
+        listed, inside, tmp_seen, cover_seen, cover_written, home_seen, scratch_moved, shm_seen = \
+            json.loads(r.stdout)
+        assert scratch_moved and shm_seen       # the worker's own check sees /tmp, $HOME, /dev/shm
         assert listed and inside == 0           # the mount point is listed, nothing below it
         assert tmp_seen and home_seen           # a file left in /tmp or $HOME is seen
         assert cover_seen == cover_written      # a write into the writable cover is seen
