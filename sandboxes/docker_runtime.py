@@ -134,6 +134,10 @@ class DockerRuntime:
         (self.root / "episodes").mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)
         self.snapshots = SnapshotStore(self.root / "snapshots")
+        # the scripts every container of this runtime runs: copies frozen now (sandboxes.frozen)
+        from sandboxes.frozen import freeze
+        self.worker, _ = freeze(_WORKER, self.root / "tools")
+        self.ops, _ = freeze(_OPS, self.root / "tools")
         self._image_snaps: dict[tuple, object] = {}
         self._lock = threading.Lock()
         if reap_stale:
@@ -249,8 +253,8 @@ class DockerEpisode:
                 tmpfs={self.workdir: (f"size={self.disk_mb}m,nr_inodes={max(self.disk_mb * 256, 16384)},"
                                       f"uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,exec"),
                        "/tmp": f"size={TMP_MB}m,mode=1777,exec"},
-                mounts=[Mount(f"{TOOLS}/pytest_worker.py", _WORKER, type="bind", read_only=True),
-                        Mount(f"{TOOLS}/docker_ops.py", _OPS, type="bind", read_only=True),
+                mounts=[Mount(f"{TOOLS}/pytest_worker.py", rt.worker, type="bind", read_only=True),
+                        Mount(f"{TOOLS}/docker_ops.py", rt.ops, type="bind", read_only=True),
                         Mount(GITDIR, snap.gitdir, type="bind", read_only=True)],
                 mem_limit=f"{L.memory_mb}m", memswap_limit=f"{L.memory_mb}m",
                 pids_limit=L.max_procs, nano_cpus=1_000_000_000, shm_size="16m",

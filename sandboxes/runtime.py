@@ -57,6 +57,7 @@ from pathlib import Path
 from sandboxes import quota, safefs
 from sandboxes.isolation import (SANDBOX_GID, SANDBOX_WORKDIR, ExecResult, SandboxSpec,
                                  SandboxUnavailable, bwrap_selftest, make_runner)
+from sandboxes.frozen import freeze
 from sandboxes.reaper import Lease, kill_uid, reap
 from sandboxes.worktree import SnapshotStore, Worktree, chown_tree
 
@@ -145,6 +146,8 @@ class LocalRuntime:
         else:
             raise ValueError(f"unknown isolation {isolation!r}")
         self.snapshots = SnapshotStore(self.root / "snapshots")
+        # the worker every episode of this runtime runs: a copy frozen now (sandboxes.frozen)
+        self.worker, _ = freeze(_WORKER, self.root / "tools")
         if reap_stale:
             self.reap()
 
@@ -212,7 +215,7 @@ class Episode:
         L = self.limits
         self._runner = make_runner(runtime.isolation, SandboxSpec(
             workdir=self.workdir, uid=self.uid, ro_binds=(snap.gitdir,),
-            tool_files={"pytest_worker.py": _WORKER}, hide=runtime.hide,
+            tool_files={"pytest_worker.py": runtime.worker}, hide=runtime.hide,
             # a backstop above every wall clock: the final test run may take up to verify_s
             cpu_s=max(L.cpu_s, math.ceil(max(L.wall_s, L.verify_s))),
             memory_mb=L.memory_mb, max_procs=L.max_procs, max_file_mb=L.max_file_mb,
@@ -221,7 +224,7 @@ class Episode:
         self.reused_s = 0.0                # what the reused test runs took when they were made
         if runtime.test_cache is not None and bwrap:     # unsandboxed, /tmp is the host's: no reuse
             from sandboxes.result_cache import start
-            self._history = start(bundle, self.commit, _WORKER, runtime.isolation)
+            self._history = start(bundle, self.commit, runtime.worker, runtime.isolation)
         self._closed = False
         _OPEN.add(self)
 
