@@ -25,11 +25,14 @@ ROWS_SQL = """
            t.accepted, t.tests_passed, t.messages, t.tools
     FROM training_set ts JOIN trajectories t USING (record_id)
     WHERE ts.tenant_id = ? AND ts.split = 'train' {accepted}
-    ORDER BY ts.record_id"""
+    ORDER BY ts.task_id, ts.trajectory_id, ts.record_id"""
 
 
 def tenant_training_rows(con, tenant: str, *, accepted_only: bool = True) -> list[dict]:
-    """The tenant's training rows (record_id order, so a run's data order is reproducible)."""
+    """The tenant's training rows in (task_id, trajectory_id) order, so a run's data order is
+    reproducible: not record_id order, which hashes timestamps and measured latencies (the same
+    trajectories logged by another run of the same agents have other record ids, and SFT's seeded
+    shuffle would then see them in another order)."""
     sql = ROWS_SQL.format(accepted="AND t.accepted" if accepted_only else "")
     cur = con.cursor()
     try:
