@@ -119,7 +119,7 @@ class TransformersPolicy:
                  grammar: dict | None = None, prefix_cache: int = 64, gqa_decode: bool = True,
                  action_mask: str | None = None, masked_logprobs: bool = False, view: dict | None = None,
                  memo_size: int = 4096, memo_path: str | Path | None = None, jump_forward: bool = True,
-                 share_prefix: bool = True, config: dict | None = None):
+                 share_prefix: bool = True, fused_decode: bool = True, config: dict | None = None):
         if chat not in ("template", "embedded"):
             raise ValueError(f"chat must be 'template' or 'embedded', got {chat!r}")
         if chat == "template" and not getattr(tokenizer, "chat_template", None):
@@ -160,8 +160,12 @@ class TransformersPolicy:
         # decode steps attend the ids all rows share (the system turn) from one copy of their KV
         # (engines.attention: shared-prefix attention); False: every row reads its own copy
         self.share_prefix = share_prefix
+        # decode steps through engines.fused_decode (fewer, larger ops; small Qwen2/Llama models
+        # only: `_fused_why` says why not); False: transformers' forward, the reference
+        self.fused_decode = fused_decode
+        self._fused_why: str | None = None
         self.stats = {"prefill_tokens": 0, "cached_tokens": 0, "decode_steps": 0, "forwards": 0, "memo_hits": 0,
-                      "shared_prefix_tokens": 0}
+                      "shared_prefix_tokens": 0, "fused_forwards": 0}
         # decode-step attention without KV copies (engines.attention); only over the SDPA path
         self.gqa_decode = gqa_decode and getattr(model.config, "_attn_implementation", None) == "sdpa"
         self.eos_ids = self._eos_ids()
@@ -170,6 +174,7 @@ class TransformersPolicy:
                      "config": {"constrained": constrained, "chat": chat, "max_batch": max_batch,
                                 "prefix_cache": prefix_cache, "gqa_decode": gqa_decode,
                                 "memo_size": memo_size, "jump_forward": jump_forward, "share_prefix": share_prefix,
+                                "fused_decode": fused_decode,
                                 **({"action_mask": action_mask} if action_mask else {}),
                                 **({"view": self.view} if self.view else {}),
                                 **({"grammar": {k: repr(v) for k, v in self.grammar.items()}} if grammar else {}),
@@ -352,6 +357,7 @@ class TransformersPolicy:
                             dtype=torch.long)
         nxt_pos = [r.cached for r in rows]
         past, live = self._past(rows, wc - n_pre, skip=n_pre), list(rows)
+        fused = self._fused()
         for r in rows:
             r.cache, r.fed = None, 0
         with torch.inference_mode():
@@ -392,9 +398,14 @@ class TransformersPolicy:
                                    device=dev)
                 mask = torch.cat([mask, block], dim=1)
                 keep = w if any(None in r.lps for r in live) else 1
-                out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                                 past_key_values=past, use_cache=True, logits_to_keep=keep, **extra)
-                past, logits = out.past_key_values, out.logits.float()
+                if fused is not None:
+                    logits, past = fused(ids, mask, pos, past, keep, shared)
+                    logits = logits.float()
+                    self.stats["fused_forwards"] += 1
+                else:
+                    out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                     past_key_values=past, use_cache=True, logits_to_keep=keep, **extra)
+                    past, logits = out.past_key_values, out.logits.float()
                 self.stats["forwards"] += 1
                 self.stats["decode_steps"] += 1
                 for i, r in enumerate(live):
@@ -402,6 +413,17 @@ class TransformersPolicy:
                     r.fed += len(pend[i])
                     nxt_pos[i] += len(pend[i])
                 last = logits[:, -1]
+
+    def _fused(self):
+        """The fused decode forward (engines.fused_decode) for this call, when enabled and the
+        model supports it (it needs the buffered cache of `gqa_decode`); else None."""
+        if not (self.fused_decode and self.gqa_decode):
+            return None
+        from ratchet.policy.engines.fused_decode import FusedDecoder, unsupported
+
+        if self._fused_why is None:
+            self._fused_why = unsupported(self.model) or ""
+        return FusedDecoder(self.model) if not self._fused_why else None
 
     def _prefill_all(self, rows: list[_Row]) -> list:
         """Logits for each row's first token, prefilling rows in groups of similar length
