@@ -88,3 +88,25 @@ def test_models_it_does_not_fit_use_transformers_forward_and_say_why(tiny, monke
     p = TransformersPolicy(model, tok, memo_size=0)
     [[c]] = p.generate([_reqs(1.0, n=1, k=1)[0]])
     assert c.token_ids and p.stats["fused_forwards"] == 0 and "parameters" in p._fused_why
+
+
+def test_buffered_cache_adopts_a_buffer_and_grows_past_its_room():
+    """The engine hands decode a buffer with room for the steps to come; a step past the room
+    grows it (the keys and values are always the columns written, in order)."""
+    import torch
+
+    from ratchet.policy.engines.attention import buffered_cache
+
+    k0, v0 = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+    kb, vb = torch.zeros(2, 2, 7, 4), torch.zeros(2, 2, 7, 4)
+    kb[:, :, :5], vb[:, :, :5] = k0, v0
+    cache = buffered_cache([(kb, vb)], filled=5)
+    assert cache.get_seq_length() == 5
+    steps = [(torch.randn(2, 2, n, 4), torch.randn(2, 2, n, 4)) for n in (1, 1, 3, 1)]   # 7 fits, 10 grows
+    for k, v in steps:
+        keys, values = cache.layers[0].update(k, v)
+    torch.testing.assert_close(keys, torch.cat([k0] + [k for k, _ in steps], 2), rtol=0, atol=0)
+    torch.testing.assert_close(values, torch.cat([v0] + [v for _, v in steps], 2), rtol=0, atol=0)
+    assert cache.layers[0]._kb.shape[2] >= 11 and cache.get_seq_length() == 11
+    cache.layers[0].batch_select_indices(torch.tensor([1]))
+    torch.testing.assert_close(cache.layers[0].keys, keys[1:], rtol=0, atol=0)

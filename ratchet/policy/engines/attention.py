@@ -108,11 +108,13 @@ def register() -> str:
     return NAME
 
 
-def buffered_cache(data=None):
+def buffered_cache(data=None, filled: int | None = None):
     """A transformers DynamicCache whose layers keep spare columns: a decode step writes its key
     and value in place instead of `torch.cat`-ing a new copy of the whole cache (the largest cost
     of a batch-16 decode step after the repeat above). `data`: per layer (keys, values) to start
-    from."""
+    from, copied into buffers of twice their width; with `filled=n`, per layer (key buffer, value
+    buffer) whose first n columns hold the cache, adopted as they are (the engine allocates them
+    with room for the steps to come, so neither the copy nor a later doubling happens)."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -136,6 +138,11 @@ def buffered_cache(data=None):
             self.keys, self.values = self._kb[:, :, :self._n], self._vb[:, :, :self._n]
             return self.keys, self.values
 
+        def adopt(self, kb, vb, n: int):
+            self.lazy_initialization(kb, vb)
+            self._kb, self._vb, self._n = kb, vb, n
+            self.keys, self.values = kb[:, :, :n], vb[:, :, :n]
+
         def batch_select_indices(self, indices):
             if self.is_initialized and self._n:
                 self._kb, self._vb = self._kb[indices], self._vb[indices]
@@ -145,5 +152,8 @@ def buffered_cache(data=None):
     cache.layer_class_to_replicate = BufferedLayer
     for k, v in data or ():
         cache.layers.append(BufferedLayer())
-        cache.layers[-1].update(k, v)
+        if filled is None:
+            cache.layers[-1].update(k, v)
+        else:
+            cache.layers[-1].adopt(k, v, filled)
     return cache

@@ -356,7 +356,9 @@ class TransformersPolicy:
         mask = torch.tensor([[0] * (wc - r.cached) + [1] * (r.cached - n_pre) for r in rows], device=dev,
                             dtype=torch.long)
         nxt_pos = [r.cached for r in rows]
-        past, live = self._past(rows, wc - n_pre, skip=n_pre), list(rows)
+        # room for the steps' blocks (a block is as wide as the longest row's; past the room the
+        # buffers grow by doubling, as before)
+        past, live = self._past(rows, wc - n_pre, skip=n_pre, room=max(r.max_tokens for r in rows) + 1), list(rows)
         fused = self._fused()
         for r in rows:
             r.cache, r.fed = None, 0
@@ -481,7 +483,7 @@ class TransformersPolicy:
             mask = None
         else:
             wc, wn = max(r.cached for r in g), max(map(len, new))
-            past = self._past(g, wc)
+            past = self._past(g, wc, room=wn)
             ids = torch.tensor([[self.pad_id] * (wn - len(x)) + x for x in new], device=dev)
             mask = torch.tensor([[0] * (wc - r.cached) + [1] * r.cached + [0] * (wn - len(x)) + [1] * len(x)
                                  for r, x in zip(g, new)], device=dev)
@@ -536,29 +538,31 @@ class TransformersPolicy:
         n = len(os.path.commonprefix([r.prompt_ids for r in rows]))
         return n if n >= SHARE_MIN else 0
 
-    def _past(self, rows: list[_Row], width: int, skip: int = 0):
+    def _past(self, rows: list[_Row], width: int, skip: int = 0, room: int = 0):
         """A cache holding each row's cached KV after its first `skip` positions right-aligned in
         `width` columns (empty when width is 0); with `gqa_decode`, one whose steps write in place
-        (engines.attention)."""
+        (engines.attention) into `room` columns allocated after them (the steps to come: no
+        reallocation while they fit)."""
         from transformers import DynamicCache
 
         from ratchet.policy.engines.attention import buffered_cache
 
-        make = buffered_cache if self.gqa_decode else (lambda data=None: DynamicCache(ddp_cache_data=data))
         if width == 0:
-            return make()
-
+            return buffered_cache() if self.gqa_decode else DynamicCache()
+        room = room if self.gqa_decode else 0
         layers = []
         for li in range(len(next(r.cache for r in rows if r.cache))):
             k0, v0 = next(r.cache for r in rows if r.cache)[li]
-            ks = k0.new_zeros((len(rows), k0.shape[0], width, k0.shape[2]))
-            vs = v0.new_zeros((len(rows), v0.shape[0], width, v0.shape[2]))
+            ks = k0.new_zeros((len(rows), k0.shape[0], width + room, k0.shape[2]))
+            vs = v0.new_zeros((len(rows), v0.shape[0], width + room, v0.shape[2]))
             for i, r in enumerate(rows):
                 if r.cached > skip:
-                    ks[i, :, width - (r.cached - skip):] = r.cache[li][0][:, skip:]
-                    vs[i, :, width - (r.cached - skip):] = r.cache[li][1][:, skip:]
+                    ks[i, :, width - (r.cached - skip):width] = r.cache[li][0][:, skip:]
+                    vs[i, :, width - (r.cached - skip):width] = r.cache[li][1][:, skip:]
             layers.append((ks, vs))
-        return make(layers)
+        if self.gqa_decode:
+            return buffered_cache(layers, filled=width)
+        return DynamicCache(ddp_cache_data=layers)
 
     def _save(self, r: _Row, past, i: int, mask_row, shared=None) -> None:
         """Keep a finished row's KV (the prompt and the sampled ids fed so far; after the shared
