@@ -43,7 +43,7 @@ def main(argv=None) -> dict:
     from sandboxes.runtime import LocalRuntime
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from rollout import _embedded_policy, _tasks
+    from rollout import _embedded_policy, _tasks, timed_generate
 
     torch.set_num_threads(a.threads)
     bench_tasks, train = _tasks(a.tasks)
@@ -59,16 +59,7 @@ def main(argv=None) -> dict:
         jobs = [(b, i) for i, b in enumerate(bench_tasks)]
         kw = {"runtime": rt, "max_turns": a.max_turns, "concurrency": len(jobs),
               "sampling": Sampling(temperature=a.temperature, max_tokens=a.max_tokens)}
-        gen = policy.generate
-        spent = [0.0]
-
-        def timed(reqs):
-            t = time.monotonic()
-            try:
-                return gen(reqs)
-            finally:
-                spent[0] += time.monotonic() - t
-        policy.generate = timed
+        _, spent = timed_generate(policy)
         run_episodes(policy, jobs[:2], **{**kw, "concurrency": 2})         # warm-up (imports, grammars)
         runs: dict[bool, list] = {True: [], False: []}
         for _ in range(a.repeats):

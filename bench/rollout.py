@@ -70,6 +70,23 @@ def _embedded_policy(train, cache: Path, grammar: dict, constrained: bool = True
         {"model": name, "path": str(path), "constrained": constrained}
 
 
+def timed_generate(policy) -> tuple[list, list]:
+    """Wrap `policy.generate`; returns (sizes, seconds): each call's request count is appended to
+    sizes and its wall time added to seconds[0]."""
+    sizes, spent = [], [0.0]
+    gen = policy.generate
+
+    def timed(reqs):
+        sizes.append(len(reqs))
+        t = time.monotonic()
+        try:
+            return gen(reqs)
+        finally:
+            spent[0] += time.monotonic() - t
+    policy.generate = timed
+    return sizes, spent
+
+
 def _tiny_policy():
     from ratchet.policy.engines.transformers_engine import TransformersPolicy
     from tests.policy.conftest import tiny_model
@@ -133,17 +150,7 @@ def main(argv=None) -> dict:
         jobs = [(b, a.seed + i) for i, b in enumerate(bench_tasks)]
         kw = {"runtime": rt, "max_turns": a.max_turns, "sampling": sampling}
 
-        sizes, gen_s = [], [0.0]
-        gen = policy.generate
-
-        def counted(reqs):
-            sizes.append(len(reqs))
-            t = time.monotonic()
-            try:
-                return gen(reqs)
-            finally:
-                gen_s[0] += time.monotonic() - t
-        policy.generate = counted
+        sizes, gen_s = timed_generate(policy)
         run_policy_episode(policy, *jobs[0], **kw)                  # warm-up (imports, grammar compile)
         from sandboxes.worktree import _template
         for b, _ in jobs:                # every task's snapshot + template checkout, built once per
