@@ -106,6 +106,7 @@ class _Row:
     memo: bytes | None = None          # greedy: key of the completion memo
 
 
+ROOM_MAX = 512        # decode-step columns allocated ahead in the batch cache (beyond: it doubles)
 SHARE_MIN = 64        # shared-prefix attention below this many shared ids is not worth its extra ops
 
 
@@ -358,7 +359,8 @@ class TransformersPolicy:
         nxt_pos = [r.cached for r in rows]
         # room for the steps' blocks (a block is as wide as the longest row's; past the room the
         # buffers grow by doubling, as before)
-        past, live = self._past(rows, wc - n_pre, skip=n_pre, room=max(r.max_tokens for r in rows) + 1), list(rows)
+        past, live = self._past(rows, wc - n_pre, skip=n_pre, room=min(ROOM_MAX, max(r.max_tokens for r in rows) + 1)), \
+            list(rows)
         fused = self._fused()
         for r in rows:
             r.cache, r.fed = None, 0
@@ -553,8 +555,12 @@ class TransformersPolicy:
         layers = []
         for li in range(len(next(r.cache for r in rows if r.cache))):
             k0, v0 = next(r.cache for r in rows if r.cache)[li]
-            ks = k0.new_zeros((len(rows), k0.shape[0], width + room, k0.shape[2]))
-            vs = v0.new_zeros((len(rows), v0.shape[0], width + room, v0.shape[2]))
+            # the room is written before it is read: only the cached width (padding included,
+            # which attention masks but must not be NaN) is zeroed
+            ks = k0.new_empty((len(rows), k0.shape[0], width + room, k0.shape[2]))
+            vs = v0.new_empty((len(rows), v0.shape[0], width + room, v0.shape[2]))
+            ks[:, :, :width] = 0
+            vs[:, :, :width] = 0
             for i, r in enumerate(rows):
                 if r.cached > skip:
                     ks[i, :, width - (r.cached - skip):width] = r.cache[li][0][:, skip:]
