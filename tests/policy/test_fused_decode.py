@@ -83,6 +83,12 @@ def test_models_it_does_not_fit_use_transformers_forward_and_say_why(tiny, monke
     sliding.config.layer_types = ["sliding_attention"] * len(sliding.config.layer_types)
     assert "sliding" in unsupported(sliding)
     assert "dtype" in unsupported(copy.deepcopy(model).to(torch.bfloat16))
+    class Adapted(torch.nn.Linear):                 # a LoRA layer adds to what .weight computes
+        pass
+    adapted = copy.deepcopy(model)
+    q = adapted.model.layers[0].self_attn.q_proj
+    adapted.model.layers[0].self_attn.q_proj = Adapted(q.in_features, q.out_features, bias=True)
+    assert "plain" in unsupported(adapted)
     monkeypatch.setattr(fused_decode, "MAX_PARAMS", 1000)
     assert "parameters" in unsupported(model)
     p = TransformersPolicy(model, tok, memo_size=0)

@@ -14,7 +14,8 @@ logits move in the last bits (tests/policy/test_fused_decode.py bounds the diffe
 that the sampled tokens are the same). Prefill and training keep transformers' forward.
 
 Used only where it pays and is exact in structure (`unsupported()` says why not): Qwen2 or Llama
-layers with full attention, SiLU MLPs and at most MAX_PARAMS parameters (larger models are
+layers with full attention, SiLU MLPs, plain `nn.Linear` projections (not LoRA or quantised
+ones), float32 and at most MAX_PARAMS parameters (larger models are
 bound by their matmuls, and the fused weights are copies). The copies are made per `generate`
 call (`FusedDecoder(model)`: ~4 MB for the embedded model), so weights a trainer updates in
 place are never stale.
@@ -35,8 +36,20 @@ def unsupported(model) -> str | None:
         return "sliding-window layers"
     if getattr(cfg, "mlp_bias", False):
         return "MLP biases"
-    if next(model.parameters()).dtype.is_floating_point and str(next(model.parameters()).dtype) != "torch.float32":
-        return f"dtype {next(model.parameters()).dtype} (transformers' RMSNorm computes in float32)"
+    import torch
+
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.float32:
+        return f"dtype {dtype} (transformers' RMSNorm computes in float32)"
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        return "no model.model.layers (a wrapped model)"
+    for layer in layers:
+        a, mlp = layer.self_attn, layer.mlp
+        projections = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if any(type(p) is not torch.nn.Linear for p in projections):
+            # a LoRA or quantised layer computes more than its .weight: fusing the weights would drop it
+            return "projections that are not plain torch.nn.Linear (LoRA, quantised)"
     n = sum(p.numel() for p in model.parameters())
     if n > MAX_PARAMS:
         return f"{n:,} parameters (> {MAX_PARAMS:,}: matmul-bound, and the fused weights are copies)"
