@@ -89,6 +89,9 @@ def test_models_it_does_not_fit_use_transformers_forward_and_say_why(tiny, monke
     q = adapted.model.layers[0].self_attn.q_proj
     adapted.model.layers[0].self_attn.q_proj = Adapted(q.in_features, q.out_features, bias=True)
     assert "plain" in unsupported(adapted)
+    odd = copy.deepcopy(model)
+    del odd.model.layers[0].mlp.gate_proj
+    assert "another shape" in unsupported(odd)
     monkeypatch.setattr(fused_decode, "MAX_PARAMS", 1000)
     assert "parameters" in unsupported(model)
     p = TransformersPolicy(model, tok, memo_size=0)

@@ -45,8 +45,13 @@ def unsupported(model) -> str | None:
     if layers is None:
         return "no model.model.layers (a wrapped model)"
     for layer in layers:
-        a, mlp = layer.self_attn, layer.mlp
-        projections = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        try:
+            a, mlp = layer.self_attn, layer.mlp
+            projections = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+            _ = (layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.weight, a.head_dim,
+                 a.scaling, a.layer_idx)
+        except AttributeError as e:
+            return f"a layer of another shape ({e})"
         if any(type(p) is not torch.nn.Linear for p in projections):
             # a LoRA or quantised layer computes more than its .weight: fusing the weights would drop it
             return "projections that are not plain torch.nn.Linear (LoRA, quantised)"
