@@ -151,6 +151,11 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=1.0, help="embedded policies' eval sampling (RL samples at 1.0)")
     ap.add_argument("--rl-lr", type=float, default=1e-3)
     ap.add_argument("--rl-beta", type=float, default=0.04)
+    ap.add_argument("--rl-updates-per-step", type=int, default=1,
+                    help="optimizer steps per batch of GRPO rollouts (clipped ratio after the first)")
+    ap.add_argument("--rl-curriculum", choices=("solved", "train"), default="solved",
+                    help="GRPO tasks: the train tasks the demonstrator solved (SFT's own tasks) or every "
+                         "train task used")
     ap.add_argument("--sft-lr", type=float, default=3e-3)
     ap.add_argument("--no-prior-view", action="store_true",
                     help="show candidate lists in the environment's order (runs 1-5) instead of the train-fit "
@@ -236,12 +241,13 @@ def main(argv=None) -> int:
     data = [{"record_id": f"bench-{i:04d}", "task_id": d["task_id"], "consent_id": None, "messages": d["messages"],
              "tools": d["tools"]} for i, d in enumerate(demo) if d["passed"]]
     solved = {d["task_id"] for d in demo if d["passed"]}
-    curriculum = [b for b in train_used if b.task_id in solved]
+    curriculum = [b for b in train_used if a.rl_curriculum == "train" or b.task_id in solved]
     say(f"training data: the structured agent solved {len(data)}/{len(demo)} train tasks "
-        f"({cpu['data']:.0f} CPU s); RL curriculum: those {len(curriculum)} tasks")
+        f"({cpu['data']:.0f} CPU s); RL curriculum: {len(curriculum)} tasks ({a.rl_curriculum})")
 
     rs = RecipeSettings(sft_epochs=size["sft_epochs"], rl_steps=size["rl_steps"], rl_lr=a.rl_lr, rl_beta=a.rl_beta,
                         sft_lr=a.sft_lr, masked_logprobs=not a.unmasked_logprobs,
+                        rl_updates_per_step=a.rl_updates_per_step,
                         rl_tasks_per_step=size["rl_tasks_per_step"], rl_group_size=size["rl_group_size"],
                         max_turns=a.max_turns, prior_view=view is not None)
 
@@ -314,6 +320,8 @@ def main(argv=None) -> int:
         **{f"{k}_pass_ci": results[k]["pass_ci"] for k in results},
         "train_cpu_min": round((cpu["sft"] + cpu["rl"]) / 60, 2), "settings": {**size, "rl_lr": a.rl_lr,
                                                                           "rl_beta": a.rl_beta, "sft_lr": a.sft_lr,
+                                                                          "rl_updates_per_step": a.rl_updates_per_step,
+                                                                          "rl_curriculum": a.rl_curriculum,
                                                                           "temperature": a.temperature,
                                                                           "masked_logprobs": not a.unmasked_logprobs,
                                                                           "max_turns": a.max_turns, "k": a.k,

@@ -152,9 +152,9 @@ def main(argv=None) -> dict:
 
         sizes, gen_s = timed_generate(policy)
         run_policy_episode(policy, *jobs[0], **kw)                  # warm-up (imports, grammar compile)
-        from sandboxes.worktree import _template
+        from sandboxes.worktree import template_checkout
         for b, _ in jobs:                # every task's snapshot + template checkout, built once per
-            _template(rt.snapshots.for_bundle(b))  # runtime: neither timed mode pays for them
+            template_checkout(rt.snapshots.for_bundle(b))  # runtime: neither timed mode pays for them
         sizes.clear()
         gen_s[0] = 0.0
 

@@ -152,7 +152,7 @@ class Worktree:
         index has stale inode/ctime stat data, so git re-hashes those files: still exact.
         """
         dest = Path(dest)
-        tpl = _template(snap)
+        tpl = template_checkout(snap)
         admin = Path(snap.gitdir) / "worktrees" / f"{dest.parent.name}-{uuid.uuid4().hex[:8]}"
         admin.mkdir(parents=True)
         (admin / "HEAD").write_text(snap.commit + "\n")
@@ -207,8 +207,10 @@ class Worktree:
         return sorted(p for p in out.split("\0") if p)
 
 
-def _template(snap: Snapshot) -> Path:
-    """A pristine checkout of the snapshot (+ its index), built once and shared read-only."""
+def template_checkout(snap: Snapshot) -> Path:
+    """A pristine checkout of the snapshot (+ its index), built once and shared read-only.
+    `Worktree.add` builds it on first use; call it ahead to keep that one-off cost out of a
+    measurement (bench/rollout.py)."""
     base = Path(snap.gitdir) / "ratchet-template"
     tpl = base / "tree"
     if tpl.is_dir():

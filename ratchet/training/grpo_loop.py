@@ -68,12 +68,17 @@ class GRPOSettings:
     action_mask: str | None = None     # "structured": ratchet.policy.action_mask narrows each turn's grammar
     choice_only: bool = False          # loss only on tokens where the grammar left a choice (build_update)
     masked_logprobs: bool = False      # policy = the grammar-masked distribution (sampler and trainer)
+    updates_per_step: int = 1          # optimizer steps per batch of rollouts (TRL's num_iterations, PPO's
+                                       # epochs): after the first the ratio to the sampler's logprobs moves
+                                       # off 1 and the clip bounds how far the batch can pull the policy
 
     def __post_init__(self):
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has no baseline")
-        if min(self.steps, self.tasks_per_step, self.checkpoint_every, self.max_tokens, self.max_turns) < 1:
-            raise ValueError("steps, tasks_per_step, checkpoint_every, max_tokens and max_turns must be >= 1")
+        if min(self.steps, self.tasks_per_step, self.checkpoint_every, self.max_tokens, self.max_turns,
+               self.updates_per_step) < 1:
+            raise ValueError("steps, tasks_per_step, checkpoint_every, max_tokens, max_turns and updates_per_step "
+                             "must be >= 1")
         if self.learning_rate <= 0 or self.temperature <= 0 or self.beta < 0:
             raise ValueError("learning_rate and temperature must be > 0, beta >= 0")
 
@@ -173,8 +178,11 @@ def _token_logprobs(model, ids, temperature: float, allowed=None):
 
 
 def grpo_update(model, ref_model, optimizer, seqs: list[dict], settings: GRPOSettings) -> dict:
-    """One optimizer step over `seqs` (from build_update): token-mean loss over all policy tokens
-    of the batch, accumulated one sequence at a time (memory stays one sequence)."""
+    """`settings.updates_per_step` optimizer steps over `seqs` (from build_update): token-mean loss
+    over all policy tokens of the batch, accumulated one sequence at a time (memory stays one
+    sequence). The reference's logprobs are computed once per batch (its weights are frozen).
+    Stats: loss, KL, entropy, logprob gap and grad norm of the first pass (ratio 1: the
+    sampler's weights); `clip_fraction` of the later passes (0 with one update)."""
     import torch
 
     from ratchet.training.grpo import token_loss
@@ -185,26 +193,33 @@ def grpo_update(model, ref_model, optimizer, seqs: list[dict], settings: GRPOSet
     if not seqs or n_tok == 0:
         return stats
     model.train()
-    optimizer.zero_grad(set_to_none=True)
-    for s in seqs:
-        w = sum(s["mask"]) / n_tok
-        lp, ent = _token_logprobs(model, s["input_ids"], settings.temperature, s.get("allowed"))
-        with torch.no_grad():
-            ref, _ = _token_logprobs(ref_model, s["input_ids"], settings.temperature, s.get("allowed"))
-        mask = torch.tensor([s["mask"]])
-        old = torch.tensor([s["old_logprobs"]], dtype=lp.dtype)
-        loss, st = token_loss(lp.unsqueeze(0), old, ref.unsqueeze(0), torch.tensor([float(s["advantage"])]), mask,
-                              clip_eps=settings.clip_eps, beta=settings.beta)
-        (loss * w).backward()
-        m = mask[0].bool()
-        stats["loss"] += float(loss.detach()) * w
-        stats["kl"] += st["kl"] * w
-        stats["clip_fraction"] += st["clip_fraction"] * w
-        stats["entropy"] += float(ent[m].mean()) * w
-        # the sampler's logprobs vs this forward pass on the same weights (should be ~0)
-        stats["logprob_gap"] = max(stats["logprob_gap"], float((lp.detach()[m] - old[0][m]).abs().max()))
-    stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm))
-    optimizer.step()
+    refs: list = [None] * len(seqs)
+    for it in range(settings.updates_per_step):
+        optimizer.zero_grad(set_to_none=True)
+        for i, s in enumerate(seqs):
+            w = sum(s["mask"]) / n_tok
+            lp, ent = _token_logprobs(model, s["input_ids"], settings.temperature, s.get("allowed"))
+            if refs[i] is None:
+                with torch.no_grad():
+                    refs[i] = _token_logprobs(ref_model, s["input_ids"], settings.temperature, s.get("allowed"))[0]
+            mask = torch.tensor([s["mask"]])
+            old = torch.tensor([s["old_logprobs"]], dtype=lp.dtype)
+            loss, st = token_loss(lp.unsqueeze(0), old, refs[i].unsqueeze(0), torch.tensor([float(s["advantage"])]),
+                                  mask, clip_eps=settings.clip_eps, beta=settings.beta)
+            (loss * w).backward()
+            if it:
+                stats["clip_fraction"] += st["clip_fraction"] * w / (settings.updates_per_step - 1)
+                continue
+            m = mask[0].bool()
+            stats["loss"] += float(loss.detach()) * w
+            stats["kl"] += st["kl"] * w
+            stats["entropy"] += float(ent[m].mean()) * w
+            # the sampler's logprobs vs this forward pass on the same weights (should be ~0)
+            stats["logprob_gap"] = max(stats["logprob_gap"], float((lp.detach()[m] - old[0][m]).abs().max()))
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm))
+        if not it:
+            stats["grad_norm"] = norm
+        optimizer.step()
     model.eval()
     return stats
 

@@ -112,6 +112,43 @@ def test_update_changes_weights_and_skips_infra_failures(start, bundles, runtime
     assert c2["flat_groups"] == 1 and st2["grad_norm"] == 0.0
 
 
+def test_several_updates_per_batch_move_further_clip_and_score_the_reference_once(start, bundles, runtime):
+    """updates_per_step=3 (TRL's num_iterations): three optimizer steps on one batch of rollouts
+    move the rewarded episode further than one step from the same weights; after the first step
+    the ratio to the sampler's logprobs leaves 1 and is clipped (clip_fraction > 0 at this lr); the
+    frozen reference is run once per sequence, not once per pass."""
+    import copy
+
+    import torch
+
+    from ratchet.training.grpo_loop import _token_logprobs
+
+    one = GRPOSettings(**{**TINY_RL, "tasks_per_step": 1, "group_size": 4})
+    three = replace(one, updates_per_step=3)
+    with pytest.raises(ValueError, match="updates_per_step"):
+        replace(one, updates_per_step=0)
+    model, _, recs = _rollout(start, bundles, runtime, one)
+    hand = [replace(recs[0], reward=1.0)] + [replace(r, reward=0.0) for r in recs[1:]]
+    seqs, _ = build_update(hand, 4)
+    ref = copy.deepcopy(model).requires_grad_(False)
+    calls = []
+    ref.register_forward_hook(lambda *_: calls.append(1))
+    m1, m3 = copy.deepcopy(model), copy.deepcopy(model)
+    st1 = grpo_update(m1, ref, torch.optim.AdamW(m1.parameters(), lr=5e-2), seqs, one)
+    assert len(calls) == len(seqs) and st1["clip_fraction"] == 0.0
+    calls.clear()
+    st3 = grpo_update(m3, ref, torch.optim.AdamW(m3.parameters(), lr=5e-2), seqs, three)
+    assert len(calls) == len(seqs)                                  # cached across the three passes
+    assert st3["clip_fraction"] > 0.0
+    assert st3["loss"] == pytest.approx(st1["loss"]) and st3["grad_norm"] == pytest.approx(st1["grad_norm"])
+
+    def logp(m, q):
+        with torch.no_grad():
+            lp, _ = _token_logprobs(m, q["input_ids"], 1.0)
+        return float((lp * torch.tensor(q["mask"])).sum())
+    assert logp(m3, seqs[0]) > logp(m1, seqs[0]) > sum(lp for lp, k in zip(seqs[0]["old_logprobs"], seqs[0]["mask"]) if k)
+
+
 def test_resume_after_stop_gives_the_same_next_batch(start, bundles, runtime, tmp_path):
     """Stop after step 2 (checkpoint every 2), resume: step 3's task ids and seeds, and the
     weights after it, equal an uninterrupted run's."""
