@@ -1,0 +1,120 @@
+"""GRPO variants from a learning run's SFT checkpoint, paired with that run's own SFT evaluation.
+
+    .venv/bin/python bench/rl_variant.py --run /tmp/h11/v9 --out /tmp/exp/A --curriculum train
+    .venv/bin/python bench/rl_variant.py --run /tmp/h11/v9 --out /tmp/exp/B --updates-per-step 2 --steps 12
+    .venv/bin/python bench/rl_variant.py --run /tmp/h11/v9 --out /tmp/exp/T --curriculum-eval-only \
+        --checkpoint /tmp/h11/v9/candidate/rl/step-00014 --checkpoint /tmp/exp/B/rl/step-00012
+
+`--run` is a `bench/learning.py` output folder (its demonstrations, its SFT checkpoint and its
+`per_task.json`). One GRPO run from that SFT checkpoint (the recipe's settings but for the flags
+here), then its validation success on the run's 60 validation tasks x 3 seeds (the same tasks and
+seeds as bench/learning.py), paired over tasks with the run's SFT, RL and harness rates: what one
+RL change does, for ~25 minutes instead of a whole learning run's ~45 (the other policies are not
+evaluated again). `--curriculum-eval-only`: no training; the run's SFT and the given checkpoints
+on the RL curriculum itself (the train tasks the demonstrator solved), 2 fresh seeds, paired with
+SFT: whether GRPO improved the tasks it trained on (docs/training.md, after run 9).
+Final JSON line: `rl_pass`, `baseline` "sft" (the run's), `ratio` rl/sft.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import learning as L  # noqa: E402  (bench/learning.py: the same suite, split, helpers)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", required=True, help="a bench/learning.py --out folder (default size, view on)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--curriculum", choices=("solved", "train"), default="solved")
+    ap.add_argument("--updates-per-step", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--eval-seeds", type=int, default=3)
+    ap.add_argument("--limit", type=int, default=None, help="evaluate the first N tasks only (smoke runs)")
+    ap.add_argument("--curriculum-eval-only", action="store_true")
+    ap.add_argument("--checkpoint", action="append", default=[], help="with --curriculum-eval-only")
+    a = ap.parse_args(argv)
+
+    import torch
+
+    from ratchet.evaluation.stats import paired_difference
+    from ratchet.training.recipe import RecipeSettings, rl_stage
+    from sandboxes.humaneval import build_suite
+    from sandboxes.runtime import LocalRuntime
+
+    torch.set_num_threads(1)
+    run, out = Path(a.run), Path(a.out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    t0 = time.monotonic()
+    say = lambda s: print(f"[{time.monotonic() - t0:6.0f}s] {s}", flush=True)   # noqa: E731
+    # bench/learning.py's default split and samples (problems 40, 124 train tasks, 60 validation)
+    tasks = sorted(build_suite(seed=0, limit=40).tasks, key=lambda b: b.task_id)
+    train = [b for b in tasks if L.problem_number(b) % 2 == 0]
+    val = random.Random(0).sample([b for b in tasks if L.problem_number(b) % 2 == 1], 60)[:a.limit]
+    train_used = random.Random(1).sample(train, 124)
+    demo = json.loads(next(run.glob("data-v2-124-*.json")).read_text())
+    solved = {d["task_id"] for d in demo if d["passed"]}
+    solved_tasks = [b for b in train_used if b.task_id in solved]
+    sft_path = run / "candidate" / "sft"
+    rt = LocalRuntime()
+    ev = dict(max_turns=14, max_tokens=RecipeSettings().max_tokens, temperature=1.0, runtime=rt)
+
+    if a.curriculum_eval_only:
+        pt, res = {}, {}
+        for name, path in [("sft", sft_path)] + [(f"ckpt{i}", Path(p)) for i, p in enumerate(a.checkpoint)]:
+            rows = L.run_embedded(path, solved_tasks[:a.limit], seeds=(100, 101), **ev)
+            pt[name], res[name] = L.per_task_rate(rows), L.summarise(rows)
+            say(f"{name} ({path}) on {len(solved_tasks[:a.limit])} curriculum tasks x 2 seeds: {res[name]}")
+        diffs = {k: paired_difference(pt[k], pt["sft"]) for k in pt if k != "sft"}
+        for k, iv in diffs.items():
+            say(f"paired {k} - sft on the curriculum: {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
+        best = max((res[k]["pass"] for k in diffs), default=None)
+        print(json.dumps({"bench": "rl_variant", "mode": "curriculum_eval", "sft_pass": res["sft"]["pass"],
+                          **{f"{k}_pass": res[k]["pass"] for k in diffs}, "checkpoints": a.checkpoint,
+                          "paired": {k: [iv.estimate, iv.lo, iv.hi] for k, iv in diffs.items()},
+                          "baseline": "sft", "ratio": round(best / res["sft"]["pass"], 3)
+                          if best is not None and res["sft"]["pass"] else None}))
+        return 0
+
+    cur = train_used if a.curriculum == "train" else solved_tasks
+    rs = RecipeSettings(rl_steps=a.steps, rl_lr=a.lr, rl_updates_per_step=a.updates_per_step, max_turns=14)
+    say(f"curriculum {a.curriculum}: {len(cur)} tasks; updates/step {a.updates_per_step}; steps {a.steps}; lr {a.lr}")
+
+    def on_step(r):
+        say(f"  rl step {r['step']}: pass {r['pass_rate']} kl {r['kl']:.4f} ent {r['entropy']:.3f} "
+            f"clip {r['clip_fraction']:.3f} flat {r.get('flat_groups')} cpu {r['cpu_s']:.0f}s upd {r['update_s']:.0f}s")
+    rl = rl_stage(sft_path, cur, out / "rl", rs, runtime=rt, on_step=on_step, resume=False)
+    sft_cpu = json.loads((sft_path / "ratchet_checkpoint.json").read_text())["cpu_s"]
+    say(f"RL {rl.cpu_s:.0f} CPU s; SFT + RL {(rl.cpu_s + sft_cpu) / 60:.2f} CPU-min")
+    rows = L.run_embedded(rl.checkpoint, val, seeds=tuple(range(a.eval_seeds)), **ev)
+    res, pt = L.summarise(rows), L.per_task_rate(rows)
+    say(f"eval rl: {res}")
+    (out / "per_task_rl.json").write_text(json.dumps(pt, indent=1, sort_keys=True))
+    old = json.loads((run / "per_task.json").read_text())
+    paired = {}
+    for b in ("sft", "rl", "untrained", "random", "prior", "sbfl"):
+        iv = paired_difference(pt, {t: v for t, v in old[b].items() if t in pt})
+        paired[f"rl_minus_{b}"] = [iv.estimate, iv.lo, iv.hi]
+        say(f"paired rl (this) - {b} ({run.name}): {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
+    sft_p = sum(v for t, v in old["sft"].items() if t in pt) / len(pt)
+    print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum,
+                      "updates_per_step": a.updates_per_step, "steps": a.steps, "lr": a.lr,
+                      "rl_pass": res["pass"], "rl_pass_ci": res["pass_ci"], "rl_first_try": res["first_try"],
+                      "train_cpu_min": round((rl.cpu_s + sft_cpu) / 60, 2), "paired": paired,
+                      "baseline": "sft", "sft_pass": sft_p, "ratio": round(res["pass"] / sft_p, 3) if sft_p else None}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
