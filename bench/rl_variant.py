@@ -43,6 +43,9 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="evaluate the first N tasks only (smoke runs)")
     ap.add_argument("--curriculum-eval-only", action="store_true")
     ap.add_argument("--checkpoint", action="append", default=[], help="with --curriculum-eval-only")
+    ap.add_argument("--hide-task", action="store_true",
+                    help="train a new SFT from the run's base_policy on its demonstrations with a view that names "
+                         "no task (RecipeSettings.hide_task), then RL from it; both evaluated and paired")
     a = ap.parse_args(argv)
 
     import torch
@@ -88,7 +91,23 @@ def main(argv=None) -> int:
         return 0
 
     cur = train_used if a.curriculum == "train" else solved_tasks
-    rs = RecipeSettings(rl_steps=a.steps, rl_lr=a.lr, rl_updates_per_step=a.updates_per_step, max_turns=14)
+    rs = RecipeSettings(rl_steps=a.steps, rl_lr=a.lr, rl_updates_per_step=a.updates_per_step, max_turns=14,
+                        hide_task=a.hide_task)
+    new_sft = None
+    if a.hide_task:
+        from ratchet.training.recipe import sft_stage
+        from sandboxes.agents import fit_prior
+
+        base = next(p for p in (run / "base").iterdir() if p.name.startswith("base-"))
+        data = [{"record_id": f"bench-{i:04d}", "task_id": d["task_id"], "consent_id": None,
+                 "messages": d["messages"], "tools": d["tools"]} for i, d in enumerate(demo) if d["passed"]]
+        sft = sft_stage(base, data, out / "sft", rs, prior=fit_prior(train))
+        sft_path = sft.checkpoint
+        say(f"SFT (view names no task): {sft.steps} steps, loss {sft.losses[0]:.2f} -> {sft.losses[-1]:.2f}, "
+            f"{sft.cpu_s:.0f} CPU s")
+        rows = L.run_embedded(sft_path, val, seeds=tuple(range(a.eval_seeds)), **ev)
+        new_sft = (L.summarise(rows), L.per_task_rate(rows))
+        say(f"eval sft (view names no task): {new_sft[0]}")
     say(f"curriculum {a.curriculum}: {len(cur)} tasks; updates/step {a.updates_per_step}; steps {a.steps}; lr {a.lr}")
 
     def on_step(r):
@@ -102,13 +121,18 @@ def main(argv=None) -> int:
     say(f"eval rl: {res}")
     (out / "per_task_rl.json").write_text(json.dumps(pt, indent=1, sort_keys=True))
     old = json.loads((run / "per_task.json").read_text())
+    if new_sft:
+        (out / "per_task_sft.json").write_text(json.dumps(new_sft[1], indent=1, sort_keys=True))
+        for k, (x, y) in {"rl_minus_sft_new": (pt, new_sft[1]), "sft_new_minus_sft": (new_sft[1], old["sft"])}.items():
+            iv = paired_difference(x, {t: v for t, v in y.items() if t in x})
+            say(f"paired {k}: {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
     paired = {}
     for b in ("sft", "rl", "untrained", "random", "prior", "sbfl"):
         iv = paired_difference(pt, {t: v for t, v in old[b].items() if t in pt})
         paired[f"rl_minus_{b}"] = [iv.estimate, iv.lo, iv.hi]
         say(f"paired rl (this) - {b} ({run.name}): {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
-    sft_p = sum(v for t, v in old["sft"].items() if t in pt) / len(pt)
-    print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum,
+    sft_p = new_sft[0]["pass"] if new_sft else sum(v for t, v in old["sft"].items() if t in pt) / len(pt)
+    print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum, "hide_task": a.hide_task,
                       "updates_per_step": a.updates_per_step, "steps": a.steps, "lr": a.lr,
                       "rl_pass": res["pass"], "rl_pass_ci": res["pass_ci"], "rl_first_try": res["first_try"],
                       "train_cpu_min": round((rl.cpu_s + sft_cpu) / 60, 2), "paired": paired,

@@ -55,6 +55,7 @@ class RecipeSettings:
     seed: int = 0
     threads: int = 1
     prior_view: bool = True            # candidate lists in the train-fit prior's order (chat.make_view)
+    hide_task: bool = False            # the view names no task (chat.make_view; an experiment, docs/training.md)
     sft_overrides: dict = field(default_factory=dict)
 
     @classmethod
@@ -152,7 +153,7 @@ def recipe_view(settings: "RecipeSettings", rows, prior=None) -> dict | None:
     else:
         source = f"fit_prior: {len(prior.task_ids)} train-split tasks"
     # a prior that counted nothing ranks nothing: the env's order, as a checkpoint without a view
-    return make_view(prior, source=source) if prior.counts else None
+    return make_view(prior, source=source, hide_task=settings.hide_task) if prior.counts else None
 
 
 def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings(), *, prior=None):

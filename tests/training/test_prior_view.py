@@ -136,3 +136,36 @@ def test_recipe_view_is_fit_on_train_data_only(runs):
     assert recipe_view(RecipeSettings(), rows)["prior"]["counts"] == tp.counts
     assert recipe_view(RecipeSettings(prior_view=False), rows, prior) is None
     assert recipe_view(RecipeSettings(), [{**r, "accepted": False} for r in rows]) is None
+
+
+def test_a_view_that_hides_the_task_drops_the_issue_and_the_quoted_code_only():
+    """hide_task (an experiment): the first user message becomes a fixed text, localize's and
+    apply_edit's rows lose the code they quote; file, line, score, the candidate rows and every
+    later message are as the prior view shows them; the stored messages are untouched; off by
+    default (a view without it renders exactly as before)."""
+    from ratchet.policy.embedded.chat import TASK_HIDDEN_TEXT, render
+    from ratchet.training.recipe import RecipeSettings, recipe_view
+
+    view, hidden = make_view(PRIOR, source="test"), make_view(PRIOR, source="test", hide_task=True)
+    assert "task" not in view and hidden["task"] == "hidden"
+    loc = "suspicious lines (ochiai; 2 failing test(s)):\n 1. solution.py:13  score=0.71  | mean = sum(numbers)"
+    applied = "applied [1] to solution.py:13: mean = sum(numbers) * len(numbers)"
+    msgs = [{"role": "user", "content": "Issue HE-004: `mean_absolute_deviation` is wrong"}]
+    for i, (name, out) in enumerate((("localize", loc), ("propose_edits", CANDS), ("apply_edit", applied))):
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type": "function",
+                  "function": {"name": name, "arguments": "{}"}}]},
+                 {"role": "tool", "tool_call_id": f"c{i}", "name": name, "content": out}]
+    msgs.append({"role": "user", "content": "a later note"})
+    stored = json.dumps(msgs)
+    shown = prepare(msgs, None, view=hidden)
+    assert shown[0]["content"] == TASK_HIDDEN_TEXT and shown[-1]["content"] == "a later note"
+    tools = [m["content"] for m in shown if m["role"] == "tool"]
+    assert tools[0].splitlines()[1] == " 1. solution.py: 13 score=0.71"
+    assert tools[1] == policy_view(CANDS, view)
+    assert tools[2] == "applied [ 1] to solution.py: 13"
+    text = render(msgs, None, view=hidden)
+    assert "mean_absolute_deviation" not in text and "sum(numbers)" not in text and json.dumps(msgs) == stored
+    plain = prepare(msgs, None, view=view)
+    assert plain[0]["content"] == msgs[0]["content"] and "| mean = sum(numbers)" in plain[1 + 1]["content"]
+    assert recipe_view(RecipeSettings(hide_task=True), [], PRIOR)["task"] == "hidden"
+    assert "task" not in recipe_view(RecipeSettings(), [], PRIOR)

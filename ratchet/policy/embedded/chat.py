@@ -117,16 +117,26 @@ def compact_candidate(description: str) -> str:
 # learn the ranking of candidate kinds (SFT = the random harness, docs/training.md); reading the
 # first row of a list is a position it can learn. No view (or no prior in it): the env's order.
 VIEW_PRIOR = "prior"
+# `hide_task` (an experiment, off by default; docs/training.md after run 9): the policy reads no
+# text that names the task: the issue becomes TASK_HIDDEN_TEXT and the code quoted on localize's
+# and apply_edit's rows is dropped (file, line, score, candidate kinds and edits stay). GRPO
+# improved the tasks it trained on but not new ones; a policy that cannot tell tasks apart can only
+# learn choices that transfer.
+TASK_HIDDEN_TEXT = "Make the failing tests pass."
 
 
-def make_view(prior, *, source: str) -> dict:
+def make_view(prior, *, source: str, hide_task: bool = False) -> dict:
     """The view setting of a checkpoint whose lists are shown in `prior`'s order (a Prior fit on
     train-split data only: `sandboxes.agents.prior.fit_prior`). `source` says what it was fit on."""
     from sandboxes.agents.prior import as_prior
 
     p = as_prior(prior)
     return {"candidates": VIEW_PRIOR, "prior": {"counts": dict(sorted(p.counts.items()))},
-            "fit": {"tasks": len(p.task_ids), "source": source}}
+            "fit": {"tasks": len(p.task_ids), "source": source}, **({"task": "hidden"} if hide_task else {})}
+
+
+def task_hidden(view: dict | None) -> bool:
+    return bool(view) and view.get("task") == "hidden"
 
 
 _PRIORS: dict = {}
@@ -172,17 +182,17 @@ def _ordered_rows(rows: list[str], view: dict | None) -> list[str]:
 def policy_view(text: str, view: dict | None = None) -> str:
     """A tool observation as the embedded policy reads it (see above); other text unchanged.
     `view`: a checkpoint's view setting (`make_view`): candidate lists in the prior's order."""
-    out = []
+    out, hide = [], task_hidden(view)
     for row in _ordered_rows(text.split("\n"), view):
         m = _LOC_ROW.match(row)
         if m:
-            row = f"{m.group(1)}{m.group(2)}: {m.group(3)} score={m.group(4)} | {m.group(5)}"
+            row = f"{m.group(1)}{m.group(2)}: {m.group(3)} score={m.group(4)}" + ("" if hide else f" | {m.group(5)}")
         elif (m := _CAND_HEAD.match(row)):
             row = f"{m.group(1)} {m.group(2)}: {m.group(3)}{m.group(4)}"
         elif (m := _CAND_ROW.match(row)):
             row = f"[ {m.group(1)}] {compact_candidate(m.group(2))}"
         elif (m := _APPLIED.match(row)):
-            row = f"applied [ {m.group(1)}] to {m.group(2)}: {m.group(3)}: {m.group(4)}"
+            row = f"applied [ {m.group(1)}] to {m.group(2)}: {m.group(3)}" + ("" if hide else f": {m.group(4)}")
         out.append(row)
     return "\n".join(out)
 
@@ -244,6 +254,8 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
             out.append(msg)
         elif role == "tool":
             out.append({"role": "tool", "content": clip(policy_view(_text(m.get("content")), view), max_tool_chars)})
+        elif role == "user" and task_hidden(view) and not any(o["role"] == "assistant" for o in out):
+            out.append({"role": role, "content": TASK_HIDDEN_TEXT})
         else:
             out.append({"role": role, "content": _text(m.get("content"))})
     return out
