@@ -143,17 +143,19 @@ def trajectory_prior(rows):
 
 def recipe_view(settings: "RecipeSettings", rows, prior=None) -> dict | None:
     """The view SFT renders with and saves: the prior's order (`prior`, fit on train-split tasks;
-    else `trajectory_prior(rows)`), or None (the env's order) when `prior_view` is off."""
+    else `trajectory_prior(rows)`), or None (the env's order) when `prior_view` is off. With
+    `hide_task` the view also names no task (`chat.make_view`), with or without the prior's order."""
     from ratchet.policy.embedded.chat import make_view
 
-    if not settings.prior_view:
-        return None
-    if prior is None:
-        prior, source = trajectory_prior(rows), "trajectory_prior: accepted train-split trajectories"
-    else:
-        source = f"fit_prior: {len(prior.task_ids)} train-split tasks"
-    # a prior that counted nothing ranks nothing: the env's order, as a checkpoint without a view
-    return make_view(prior, source=source, hide_task=settings.hide_task) if prior.counts else None
+    view = None
+    if settings.prior_view:
+        if prior is None:
+            prior, source = trajectory_prior(rows), "trajectory_prior: accepted train-split trajectories"
+        else:
+            source = f"fit_prior: {len(prior.task_ids)} train-split tasks"
+        # a prior that counted nothing ranks nothing: the env's order, as a checkpoint without a view
+        view = make_view(prior, source=source) if prior.counts else None
+    return {**(view or {}), "task": "hidden"} if settings.hide_task else view
 
 
 def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings(), *, prior=None):

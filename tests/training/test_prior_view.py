@@ -169,3 +169,8 @@ def test_a_view_that_hides_the_task_drops_the_issue_and_the_quoted_code_only():
     assert plain[0]["content"] == msgs[0]["content"] and "| mean = sum(numbers)" in plain[1 + 1]["content"]
     assert recipe_view(RecipeSettings(hide_task=True), [], PRIOR)["task"] == "hidden"
     assert "task" not in recipe_view(RecipeSettings(), [], PRIOR)
+    # without the prior's order (or with a prior that counted nothing) it still hides the task
+    for alone in (recipe_view(RecipeSettings(hide_task=True, prior_view=False), [], PRIOR),
+                  recipe_view(RecipeSettings(hide_task=True), [], Prior.from_counts({}, []))):
+        assert alone == {"task": "hidden"} and prepare(msgs, None, view=alone)[0]["content"] == TASK_HIDDEN_TEXT
+        assert prepare(msgs, None, view=alone)[4]["content"] == policy_view(CANDS)     # the env's order

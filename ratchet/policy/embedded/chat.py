@@ -127,7 +127,8 @@ TASK_HIDDEN_TEXT = "Make the failing tests pass."
 
 def make_view(prior, *, source: str, hide_task: bool = False) -> dict:
     """The view setting of a checkpoint whose lists are shown in `prior`'s order (a Prior fit on
-    train-split data only: `sandboxes.agents.prior.fit_prior`). `source` says what it was fit on."""
+    train-split data only: `sandboxes.agents.prior.fit_prior`). `source` says what it was fit on.
+    `hide_task`: the view also names no task (see TASK_HIDDEN_TEXT)."""
     from sandboxes.agents.prior import as_prior
 
     p = as_prior(prior)
