@@ -39,6 +39,8 @@ def main(argv=None) -> int:
     ap.add_argument("--updates-per-step", type=int, default=1)
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0, help="the recipe's seed (GRPO's task order and episode seeds; "
+                                                        "SFT's with --hide-task); evaluation seeds stay 0..N-1")
     ap.add_argument("--eval-seeds", type=int, default=3)
     ap.add_argument("--limit", type=int, default=None, help="evaluate the first N tasks only (smoke runs)")
     ap.add_argument("--curriculum-eval-only", action="store_true")
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
 
     cur = train_used if a.curriculum == "train" else solved_tasks
     rs = RecipeSettings(rl_steps=a.steps, rl_lr=a.lr, rl_updates_per_step=a.updates_per_step, max_turns=14,
-                        hide_task=a.hide_task)
+                        hide_task=a.hide_task, seed=a.seed)
     new_sft = None
     if a.hide_task:
         from ratchet.training.recipe import sft_stage
@@ -133,7 +135,7 @@ def main(argv=None) -> int:
         say(f"paired rl (this) - {b} ({run.name}): {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
     sft_p = new_sft[0]["pass"] if new_sft else sum(v for t, v in old["sft"].items() if t in pt) / len(pt)
     print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum, "hide_task": a.hide_task,
-                      "updates_per_step": a.updates_per_step, "steps": a.steps, "lr": a.lr,
+                      "updates_per_step": a.updates_per_step, "steps": a.steps, "lr": a.lr, "seed": a.seed,
                       "rl_pass": res["pass"], "rl_pass_ci": res["pass_ci"], "rl_first_try": res["first_try"],
                       "train_cpu_min": round((rl.cpu_s + sft_cpu) / 60, 2), "paired": paired,
                       "baseline": "sft", "sft_pass": sft_p, "ratio": round(res["pass"] / sft_p, 3) if sft_p else None}))
