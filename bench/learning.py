@@ -92,6 +92,12 @@ def run_embedded(path, bundles, *, max_turns, max_tokens, temperature, runtime, 
              "first_try": first_try(r.messages, r.passed), "infra": r.outcome == "infra_failure", "turns": r.turns} for r in recs]
 
 
+def demonstration_rows(demo) -> list[dict]:
+    """The demonstrator's passing episodes as SFT rows (the shape tenant_training_rows gives)."""
+    return [{"record_id": f"bench-{i:04d}", "task_id": d["task_id"], "consent_id": None, "messages": d["messages"],
+             "tools": d["tools"]} for i, d in enumerate(demo) if d["passed"]]
+
+
 def per_task_rate(rows, key: str = "passed") -> dict:
     """task -> mean of `key` over its scored seeds (None when every seed was an infra failure)."""
     by: dict = {}
@@ -238,8 +244,7 @@ def main(argv=None) -> int:
         demo = run_harness("structured", train_used, prior=prior, k=a.k, max_turns=a.max_turns, runtime=rt)
         cached.write_text(json.dumps(demo))
     cpu["data"] = cpu_now() - c
-    data = [{"record_id": f"bench-{i:04d}", "task_id": d["task_id"], "consent_id": None, "messages": d["messages"],
-             "tools": d["tools"]} for i, d in enumerate(demo) if d["passed"]]
+    data = demonstration_rows(demo)
     solved = {d["task_id"] for d in demo if d["passed"]}
     curriculum = [b for b in train_used if a.rl_curriculum == "train" or b.task_id in solved]
     say(f"training data: the structured agent solved {len(data)}/{len(demo)} train tasks "

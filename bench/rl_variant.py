@@ -101,9 +101,7 @@ def main(argv=None) -> int:
         from sandboxes.agents import fit_prior
 
         base = next(p for p in (run / "base").iterdir() if p.name.startswith("base-"))
-        data = [{"record_id": f"bench-{i:04d}", "task_id": d["task_id"], "consent_id": None,
-                 "messages": d["messages"], "tools": d["tools"]} for i, d in enumerate(demo) if d["passed"]]
-        sft = sft_stage(base, data, out / "sft", rs, prior=fit_prior(train))
+        sft = sft_stage(base, L.demonstration_rows(demo), out / "sft", rs, prior=fit_prior(train))
         sft_path = sft.checkpoint
         say(f"SFT (view names no task): {sft.steps} steps, loss {sft.losses[0]:.2f} -> {sft.losses[-1]:.2f}, "
             f"{sft.cpu_s:.0f} CPU s")
