@@ -149,6 +149,7 @@ class SFTConfig(dg.Config):
     batch_size: int = _R.sft_batch
     max_length: int = _R.sft_max_length
     min_structured: int = _R.min_structured   # fewer structured-tool rows: train on all rows
+    hide_task: bool = _R.hide_task        # the view names no task (RecipeSettings.hide_task)
     threads: int = _R.threads
     seed: int = _R.seed
 
@@ -160,6 +161,7 @@ class SFTConfig(dg.Config):
 def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehouse: WarehouseResource,
                    tracking: MlflowTracking) -> dg.MaterializeResult:
     from ratchet.home import get_home
+    from ratchet.policy.embedded.chat import task_hidden
     from ratchet.training.data import tenant_training_rows
     from ratchet.training.lineage import environment_digest, inherited_manifest, trajectory_environments
     from ratchet.training.recipe import sft_stage
@@ -174,11 +176,13 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
     out_dir = _dir(warehouse, cand, f"sft-{context.run_id[:8]}")
     settings = RecipeSettings(sft_epochs=config.epochs, sft_max_steps=config.max_steps, sft_lr=config.learning_rate,
                               sft_batch=config.batch_size, sft_max_length=config.max_length,
-                              min_structured=config.min_structured, threads=config.threads, seed=config.seed)
+                              min_structured=config.min_structured, hide_task=config.hide_task,
+                              threads=config.threads, seed=config.seed)
     with tracking.run(EXPERIMENT, f"sft {cand}", tags={"ratchet.stage": "sft"}, dagster_run_id=context.run_id,
                     partition=cand) as run:
         run.log_params({"base": base, **settings.sft().__dict__})
         res = sft_stage(base, rows, out_dir, settings)
+        run.log_params({"task_in_view": "hidden" if task_hidden(res.view) else "shown"})
         with warehouse.store().connect() as con:
             env = environment_digest(trajectory_environments(con, res.manifest["record_ids"]))
         out = _register(warehouse, context, run, "sft", out_dir, parent=base,
@@ -186,7 +190,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
                         history=[{"step": i + 1, "loss": v} for i, v in enumerate(res.losses)])
     return dg.MaterializeResult(metadata=_metadata(
         home, out, run, out_dir, steps=res.steps, cpu_s=res.cpu_s, wall_s=res.wall_s, trajectories=res.n_examples,
-        structured_trajectories=res.n_structured,
+        structured_trajectories=res.n_structured, task_in_view="hidden" if task_hidden(res.view) else "shown",
         loss_first=res.losses[0] if res.losses else None, loss_last=res.losses[-1] if res.losses else None,
         loss_tokens=res.n_loss_tokens))
 

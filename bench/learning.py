@@ -12,7 +12,8 @@ untrained base_policy, harness:random, harness:sbfl, harness:prior, SFT, RL.
 The view (default since run 6; `--no-prior-view`: the environment's order): every embedded policy
 here, the untrained one included, sees each `propose_edits` list in the order of that same
 train-fit prior (`ratchet.policy.embedded.chat.make_view`, saved with each checkpoint); the JSON's
-`view` says which order ran and whether the SFT and RL checkpoints carry it.
+`view` says which order ran and whether the SFT and RL checkpoints carry it; `--hide-task`: the
+view also names no task (`RecipeSettings.hide_task`, docs/training.md after run 9).
 
 Task success = the tests pass at submit (or at the turn limit); first-try fix = success with one
 candidate edit applied. 95% CIs: percentile bootstrap over tasks (ratchet.evaluation.stats).
@@ -166,6 +167,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-prior-view", action="store_true",
                     help="show candidate lists in the environment's order (runs 1-5) instead of the train-fit "
                          "prior's order (the view's prior feature, chat.make_view)")
+    ap.add_argument("--hide-task", action="store_true",
+                    help="the view names no task (RecipeSettings.hide_task): the policy reads 'Make the failing "
+                         "tests pass.' instead of the issue, and no quoted code on localize/apply_edit rows")
     ap.add_argument("--unmasked-logprobs", action="store_true",
                     help="GRPO on the unmasked distribution (the first measured run) instead of the grammar-masked one")
     ap.add_argument("--test-cache", action="store_true",
@@ -219,7 +223,7 @@ def main(argv=None) -> int:
     assert set(prior.task_ids) <= {b.task_id for b in train}
     assert not set(prior.task_ids) & {b.task_id for b in val} and prior.task_ids
     # the view every embedded policy here reads (the recipe's, from this train-fit prior)
-    view = recipe_view(RecipeSettings(prior_view=not a.no_prior_view), [], prior)
+    view = recipe_view(RecipeSettings(prior_view=not a.no_prior_view, hide_task=a.hide_task), [], prior)
     say(f"suite: {len(tasks)} tasks of {size['problems']} problems; train {len(train)} (even problems), "
         f"validation {len(val)} sampled (odd problems); prior fit on {len(prior.task_ids)} train tasks")
 
@@ -233,7 +237,8 @@ def main(argv=None) -> int:
     # the untrained policy reads the same view as the trained ones (no weights learn from it)
     write_decoding(base, action_mask="structured", bounds=rs.grpo().bounds(), view=view)
     say(f"base_policy {base.name} built in {cpu['base_policy']:.0f} CPU s (train tasks only); view: "
-        f"{'candidates in the prior order' if view else 'the environment order'}")
+        f"{'candidates in the prior order' if view and 'prior' in view else 'the environment order'}"
+        f"{', names no task' if a.hide_task else ''}")
 
     c = cpu_now()
     # v2: the structured agent follows the mask's attempt structure (no give-up before the turn limit)
@@ -254,7 +259,7 @@ def main(argv=None) -> int:
                         sft_lr=a.sft_lr, masked_logprobs=not a.unmasked_logprobs,
                         rl_updates_per_step=a.rl_updates_per_step,
                         rl_tasks_per_step=size["rl_tasks_per_step"], rl_group_size=size["rl_group_size"],
-                        max_turns=a.max_turns, prior_view=view is not None)
+                        max_turns=a.max_turns, prior_view=not a.no_prior_view, hide_task=a.hide_task)
 
     def on_step(r):
         say(f"  rl step {r['step']}: pass {r['pass_rate']} reward {r['reward'] and round(r['reward'], 3)} "
@@ -335,7 +340,8 @@ def main(argv=None) -> int:
         "data_cpu_min": round(cpu["data"] / 60, 2), "eval_cpu_min": round(sum(eval_cpu.values()) / 60, 2),
         "val_tasks": len(val), "train_tasks": len(train), "train_trajectories": len(data),
         "rl_tasks": len(curriculum), "sft_steps": res.sft.steps,
-        "view": {"candidates": "prior" if view else "env", "prior_tasks": len(prior.task_ids),
+        "view": {"candidates": "prior" if view and "prior" in view else "env",
+                 "task": "hidden" if a.hide_task else "shown", "prior_tasks": len(prior.task_ids),
                  "sft": read_view(res.sft.checkpoint) == view,
                  "rl": read_view(res.rl.checkpoint) == view if res.rl else None}, "rl_steps": len(res.rl.history) if res.rl else 0,
         "rl_history": [{k: h.get(k) for k in ("step", "pass_rate", "reward", "kl", "entropy", "flat_groups")}

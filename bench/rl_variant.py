@@ -12,7 +12,12 @@ seeds as bench/learning.py), paired over tasks with the run's SFT, RL and harnes
 RL change does, for ~25 minutes instead of a whole learning run's ~45 (the other policies are not
 evaluated again). `--curriculum-eval-only`: no training; the run's SFT and the given checkpoints
 on the RL curriculum itself (the train tasks the demonstrator solved), 2 fresh seeds, paired with
-SFT: whether GRPO improved the tasks it trained on (docs/training.md, after run 9).
+SFT: whether GRPO improved the tasks it trained on (docs/training.md, after run 9). `--pool DIR
+...`: no training; several `--hide-task` outputs (one recipe seed each: their own SFT and RL
+rates) pooled: per task, the mean over seeds of RL and of SFT, then RL - SFT paired over tasks
+(the recipe's seed-to-seed spread averaged in instead of picking one seed).
+
+    .venv/bin/python bench/rl_variant.py --pool /tmp/exp/H /tmp/exp/H2 /tmp/exp/H3
 Final JSON line: `rl_pass`, `baseline` "sft" (the run's), `ratio` rl/sft.
 """
 from __future__ import annotations
@@ -33,8 +38,10 @@ import learning as L  # noqa: E402  (bench/learning.py: the same suite, split, h
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--run", required=True, help="a bench/learning.py --out folder (default size, view on)")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--run", help="a bench/learning.py --out folder (default size, view on)")
+    ap.add_argument("--out")
+    ap.add_argument("--pool", nargs="+", default=None, metavar="DIR",
+                    help="pool the per-task SFT and RL rates of these --hide-task outputs (no training)")
     ap.add_argument("--curriculum", choices=("solved", "train"), default="solved")
     ap.add_argument("--updates-per-step", type=int, default=1)
     ap.add_argument("--steps", type=int, default=14)
@@ -49,6 +56,10 @@ def main(argv=None) -> int:
                     help="train a new SFT from the run's base_policy on its demonstrations with a view that names "
                          "no task (RecipeSettings.hide_task), then RL from it; both evaluated and paired")
     a = ap.parse_args(argv)
+    if a.pool:
+        return pool(a.pool)
+    if not (a.run and a.out):
+        ap.error("--run and --out are required (or --pool DIR ...)")
 
     import torch
 
@@ -137,6 +148,38 @@ def main(argv=None) -> int:
                       "rl_pass": res["pass"], "rl_pass_ci": res["pass_ci"], "rl_first_try": res["first_try"],
                       "train_cpu_min": round((rl.cpu_s + sft_cpu) / 60, 2), "paired": paired,
                       "baseline": "sft", "sft_pass": sft_p, "ratio": round(res["pass"] / sft_p, 3) if sft_p else None}))
+    return 0
+
+
+def pool(dirs) -> int:
+    """RL - SFT over recipe seeds: each DIR's per_task_{sft,rl}.json (a --hide-task run: its own
+    SFT), per task the mean over DIRs, then the paired bootstrap over tasks."""
+    from ratchet.evaluation.stats import paired_difference
+
+    runs = []
+    for d in map(Path, dirs):
+        try:
+            runs.append({k: json.loads((d / f"per_task_{k}.json").read_text()) for k in ("sft", "rl")})
+        except FileNotFoundError as e:
+            raise SystemExit(f"{d}: {e.filename} missing (only --hide-task runs train and evaluate their own SFT)")
+    tasks = sorted(set.intersection(*(set(r["sft"]) & set(r["rl"]) for r in runs)))
+    if not tasks:
+        raise SystemExit("no task is scored in every run")
+    mean = {k: {t: sum(r[k][t] for r in runs) / len(runs) for t in tasks} for k in ("sft", "rl")}
+    per_run = []
+    for d, r in zip(dirs, runs):
+        iv = paired_difference(r["rl"], r["sft"])
+        per_run.append([iv.estimate, iv.lo, iv.hi])
+        print(f"{d}: SFT {sum(r['sft'][t] for t in tasks) / len(tasks):.3f}, RL {sum(r['rl'][t] for t in tasks) / len(tasks):.3f}, "
+              f"RL - SFT {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
+    iv = paired_difference(mean["rl"], mean["sft"])
+    sft_p, rl_p = (sum(mean[k].values()) / len(tasks) for k in ("sft", "rl"))
+    print(f"pooled over {len(runs)} seeds, {len(tasks)} tasks: SFT {sft_p:.3f}, RL {rl_p:.3f}, "
+          f"RL - SFT {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
+    print(json.dumps({"bench": "rl_variant", "mode": "pool", "runs": [str(d) for d in dirs], "tasks": len(tasks),
+                      "sft_pass": sft_p, "rl_pass": rl_p, "rl_minus_sft": [iv.estimate, iv.lo, iv.hi],
+                      "per_run_rl_minus_sft": per_run, "baseline": "sft",
+                      "ratio": round(rl_p / sft_p, 3) if sft_p else None}))
     return 0
 
 
