@@ -48,8 +48,9 @@ install: sysdeps $(VENV)/.installed
 demo: install
 	$(VENV)/bin/ratchet demo
 
+# --durations: the slowest tests in every run's log (the suite is kept under 15 minutes)
 test: install docker-engine
-	$(VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider
+	$(VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider --durations=25
 
 test-all: install
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
