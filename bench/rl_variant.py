@@ -168,7 +168,7 @@ def pool(dirs) -> int:
     mean = {k: {t: sum(r[k][t] for r in runs) / len(runs) for t in tasks} for k in ("sft", "rl")}
     per_run = []
     for d, r in zip(dirs, runs):
-        iv = paired_difference(r["rl"], r["sft"])
+        iv = paired_difference(*({t: r[k][t] for t in tasks} for k in ("rl", "sft")))
         per_run.append([iv.estimate, iv.lo, iv.hi])
         print(f"{d}: SFT {sum(r['sft'][t] for t in tasks) / len(tasks):.3f}, RL {sum(r['rl'][t] for t in tasks) / len(tasks):.3f}, "
               f"RL - SFT {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")

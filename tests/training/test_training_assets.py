@@ -131,8 +131,12 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
         assert mats[k]["learning_curve"].value.startswith("![learning curve](data:image/png;base64,")
         assert "/#/experiments/" in mats[k]["mlflow_run"].value
     assert mats["rl_checkpoint"]["steps"].value == 2
-    # the view names the task by default (RecipeSettings.hide_task), and the metadata says so
-    assert mats["sft_checkpoint"]["task_in_view"].value == "shown"
+    # the view names the task by default (RecipeSettings.hide_task): the metadata says what the
+    # checkpoint saved
+    from ratchet.home import get_home
+    from ratchet.policy.embedded.decoding import read_view
+    saved = read_view(get_home(home).root / mats["sft_checkpoint"]["checkpoint"].value)
+    assert mats["sft_checkpoint"]["task_in_view"].value == "shown" and "task" not in (saved or {})
 
     # MLflow: one registered model for the candidate, a version per stage, lineage tags
     with wh.connect() as con:
