@@ -187,6 +187,7 @@ def main(argv=None) -> int:
     import torch
 
     from ratchet.policy.action_mask import structured_tools
+    from ratchet.policy.embedded.chat import task_hidden
     from ratchet.policy.embedded.corpus import task_texts
     from ratchet.policy.embedded.model import build_base_policy
     from ratchet.policy.embedded.decoding import read_view, write_decoding
@@ -224,6 +225,8 @@ def main(argv=None) -> int:
     assert not set(prior.task_ids) & {b.task_id for b in val} and prior.task_ids
     # the view every embedded policy here reads (the recipe's, from this train-fit prior)
     view = recipe_view(RecipeSettings(prior_view=not a.no_prior_view, hide_task=a.hide_task), [], prior)
+    # what the view really holds (the JSON and the log report it, not the flags)
+    ordered, hidden = bool(view and view.get("candidates")), task_hidden(view)
     say(f"suite: {len(tasks)} tasks of {size['problems']} problems; train {len(train)} (even problems), "
         f"validation {len(val)} sampled (odd problems); prior fit on {len(prior.task_ids)} train tasks")
 
@@ -237,8 +240,7 @@ def main(argv=None) -> int:
     # the untrained policy reads the same view as the trained ones (no weights learn from it)
     write_decoding(base, action_mask="structured", bounds=rs.grpo().bounds(), view=view)
     say(f"base_policy {base.name} built in {cpu['base_policy']:.0f} CPU s (train tasks only); view: "
-        f"{'candidates in the prior order' if view and 'prior' in view else 'the environment order'}"
-        f"{', names no task' if a.hide_task else ''}")
+        f"{'candidates in the prior order' if ordered else 'the environment order'}{', names no task' if hidden else ''}")
 
     c = cpu_now()
     # v2: the structured agent follows the mask's attempt structure (no give-up before the turn limit)
@@ -340,8 +342,7 @@ def main(argv=None) -> int:
         "data_cpu_min": round(cpu["data"] / 60, 2), "eval_cpu_min": round(sum(eval_cpu.values()) / 60, 2),
         "val_tasks": len(val), "train_tasks": len(train), "train_trajectories": len(data),
         "rl_tasks": len(curriculum), "sft_steps": res.sft.steps,
-        "view": {"candidates": "prior" if view and "prior" in view else "env",
-                 "task": "hidden" if a.hide_task else "shown", "prior_tasks": len(prior.task_ids),
+        "view": {"candidates": "prior" if ordered else "env", "task": "hidden" if hidden else "shown", "prior_tasks": len(prior.task_ids),
                  "sft": read_view(res.sft.checkpoint) == view,
                  "rl": read_view(res.rl.checkpoint) == view if res.rl else None}, "rl_steps": len(res.rl.history) if res.rl else 0,
         "rl_history": [{k: h.get(k) for k in ("step", "pass_rate", "reward", "kl", "entropy", "flat_groups")}
