@@ -114,16 +114,18 @@ def hidden_paths(extra: tuple[str, ...] = ()) -> list[str]:
     return sorted(p for p in out if p not in ("/", "") and Path(p).exists())
 
 
+def rlimits(spec: SandboxSpec) -> list[tuple[str, int]]:
+    """The rlimits every sandboxed process starts under (names of the `resource` constants):
+    set before exec here, and by a worker forked from the zygote (`sandboxes.zygote`)."""
+    return [("RLIMIT_CPU", spec.cpu_s), ("RLIMIT_AS", spec.memory_mb * 1024 * 1024),
+            ("RLIMIT_NPROC", spec.max_procs), ("RLIMIT_FSIZE", spec.max_file_mb * 1024 * 1024),
+            ("RLIMIT_CORE", 0)]
+
+
 def _preexec(spec: SandboxSpec):
     import resource
 
-    limits = [
-        (resource.RLIMIT_CPU, spec.cpu_s),
-        (resource.RLIMIT_AS, spec.memory_mb * 1024 * 1024),
-        (resource.RLIMIT_NPROC, spec.max_procs),
-        (resource.RLIMIT_FSIZE, spec.max_file_mb * 1024 * 1024),
-        (resource.RLIMIT_CORE, 0),
-    ]
+    limits = [(getattr(resource, name), val) for name, val in rlimits(spec)]
 
     def fn():
         for res, val in limits:

@@ -50,6 +50,7 @@ import time
 
 _RESULT_CAP = 64 * 1024 * 1024
 _PREPARED = None
+_KEEP: set[int] = set()     # processes of the namespace the worker found there (zygote mode)
 
 
 # ----------------------------------------------------------------------------- in the sandbox
@@ -459,7 +460,7 @@ class _Runner:
         else:
             _, status = os.waitpid(pid, 0)
         if self.kill_strays:
-            _kill_strays({1, os.getpid()})
+            _kill_strays({1, os.getpid()} | _KEEP)
         try:
             with open(self.out_path, "rb") as f:
                 f.seek(0, 2)
@@ -725,6 +726,143 @@ def serve(root: str, kill_strays: bool, warm: bool = True) -> None:
             pass
 
 
+# ----------------------------------------------------------------------------- zygote (host side)
+# `--zygote FD`: the host starts this file once per runtime, outside every sandbox, with the
+# sandbox's clean environment. It imports pytest and warms up once (no repository code: the same
+# state a fresh worker reaches), then forks one worker per request into a namespace that bwrap
+# built (`sandboxes.zygote`: a placeholder process holds it). The forked worker joins that
+# namespace, takes the sandbox's root, drops to the episode's uid exactly as bwrap + setpriv do,
+# and serves like a worker started inside it. Why: `import pytest` in a fresh interpreter was
+# ~0.25 of the ~0.4 CPU-s each sandbox start cost (docs/sandboxes.md, "zygote").
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 1, 38, 36
+
+
+def _zygote_main(sock_fd: int) -> None:
+    import ctypes
+    import socket
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)    # dies with the host process
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)           # workers are reparented here: reap
+    sock = socket.socket(fileno=sock_fd)
+    _warm_up()
+    wake_r, wake_w = os.pipe()          # SIGCHLD wakes the loop: a dead worker is reaped at once
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sock.send(json.dumps({"ready": True}).encode())
+    while True:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        ready = select.select([sock, wake_r], [], [], 5.0)[0]
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 4096)
+            except BlockingIOError:
+                pass
+        if sock not in ready:
+            continue
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
+        except OSError:
+            return
+        if not msg:
+            return                      # the host went away
+        try:
+            reply = {"pid": _zygote_spawn(libc, json.loads(msg), fds)}
+        except Exception as e:  # noqa: BLE001 - answered to the host, which falls back
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.send(json.dumps(reply).encode())
+
+
+def _zygote_spawn(libc, req: dict, fds: list[int]) -> int:
+    """Fork a worker into the namespace whose files are in `fds`; its host pid."""
+    import ctypes
+    names = req["ns"]
+    n = len(names)
+    if len(fds) != n + 4:
+        raise ValueError(f"expected {n + 4} descriptors, got {len(fds)}")
+    ns, root_fd, stdio = fds[:n], fds[n], fds[n + 1:n + 4]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                        # joins the namespaces; its child is the worker
+        try:
+            os.close(r)
+            for name, fd in zip(names, ns):
+                if libc.setns(fd, 0) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns({name}) failed")
+            os.fchdir(root_fd)          # the sandbox's root, as its placeholder process sees it
+            os.chroot(".")
+            os.chdir(req["root"])
+            g = os.fork()               # in the sandbox's pid namespace (setns(pid) applies to children)
+            if g == 0:
+                os.close(w)
+                _zygote_worker(libc, req, stdio)
+            os.write(w, str(g).encode())
+        except BaseException as e:  # noqa: BLE001
+            try:
+                os.write(w, f"{type(e).__name__}: {e}".encode()[:4000])
+            except OSError:
+                pass
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 4096):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    text = data.decode("utf-8", "replace")
+    if not text.isdigit():
+        raise RuntimeError(text or "the namespace joiner died")
+    return int(text)
+
+
+def _zygote_worker(libc, req: dict, stdio: list[int]) -> None:
+    """The worker: the episode's descriptors, limits, uid and environment, then `serve`; never
+    returns (a failure exits before any request is read: the host sees a worker that did not start)."""
+    import resource
+    try:
+        signal.set_wakeup_fd(-1)        # the zygote's SIGCHLD wake-up is not the worker's
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for target, fd in enumerate(stdio):
+            os.dup2(fd, target)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))     # nothing of the zygote's reaches the agent
+        os.setsid()
+        for name, value in req["rlimits"]:
+            res = getattr(resource, name)
+            resource.setrlimit(res, (value, value))
+        os.setgroups([])
+        gid, uid = int(req["gid"]), int(req["uid"])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)                     # every capability goes with uid 0
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or uid == 0 or 0 in os.getresuid():
+            raise PermissionError("could not drop privileges")
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.environ["PWD"] = os.getcwd()     # as bwrap's --chdir sets it
+        sys.path[0] = os.path.dirname(req["argv0"])
+        sys.argv = [req["argv0"], "--root", req["root"]]
+        sys.stdin = open(0, closefd=False)     # noqa: SIM115 - the zygote's objects are not ours
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        _KEEP.update(int(p) for p in os.listdir("/proc") if p.isdigit())   # init, placeholder, self
+        serve(req["root"], bool(req.get("kill_strays")), warm=False)
+    except BaseException as e:  # noqa: BLE001
+        try:
+            os.write(2, f"zygote worker failed: {type(e).__name__}: {e}\n".encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(0)
+
+
 def __getattr__(name: str):
     """The host half moved to `sandboxes.worker_client`; its old import path keeps working (on the
     host only: nothing in the sandbox asks for these names)."""
@@ -737,8 +875,14 @@ def __getattr__(name: str):
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser()
-    ap.add_argument("--root", required=True)
+    ap.add_argument("--root")
     ap.add_argument("--kill-strays", action="store_true")
     ap.add_argument("--no-warm", action="store_true", help="one run expected: skip the warm-up")
+    ap.add_argument("--zygote", type=int, metavar="FD", help="host side: fork workers into sandboxes")
     a = ap.parse_args()
-    serve(a.root, a.kill_strays, warm=not a.no_warm)
+    if a.zygote is not None:
+        _zygote_main(a.zygote)
+    elif not a.root:
+        ap.error("--root is required")
+    else:
+        serve(a.root, a.kill_strays, warm=not a.no_warm)

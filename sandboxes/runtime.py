@@ -147,7 +147,7 @@ class LocalRuntime:
             raise ValueError(f"unknown isolation {isolation!r}")
         self.snapshots = SnapshotStore(self.root / "snapshots")
         # the worker every episode of this runtime runs: a copy frozen now (sandboxes.frozen)
-        self.worker, _ = freeze(_WORKER, self.root / "tools")
+        self.worker, self._worker_digest = freeze(_WORKER, self.root / "tools")
         if reap_stale:
             self.reap()
 
@@ -159,6 +159,14 @@ class LocalRuntime:
 
     def episode(self, bundle, *, episode_id: str | None = None) -> "Episode":
         return Episode(self, bundle, episode_id or uuid.uuid4().hex[:16])
+
+    def zygote(self):
+        """This process's `sandboxes.zygote.Zygote` for this runtime (None where it is not used:
+        no bwrap, no root, or RATCHET_ZYGOTE=0)."""
+        from sandboxes import zygote
+        if not zygote.enabled(self.isolation):
+            return None
+        return zygote.shared(self.worker, self._worker_digest, self.root / "zygote.stderr")
 
     def health_probe(self) -> str | None:
         """None when a fresh sandbox with harness-owned files runs a command and a test, else
@@ -333,7 +341,8 @@ class Episode:
             self._spawned = True
             if self._worker is None:
                 self._worker = PytestWorkerClient(self._runner, self.sandbox_workdir,
-                                                  str(self._lease.dir / "worker.stderr"), warm=warm)
+                                                  str(self._lease.dir / "worker.stderr"), warm=warm,
+                                                  zygote=self.runtime.zygote() if self.uid else None)
             t0 = time.monotonic()
             resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars,
                                         test_cpu_s=self.limits.test_cpu_s, scratch=key is not None)

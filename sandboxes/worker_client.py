@@ -39,9 +39,10 @@ class PytestWorkerClient:
     """
 
     def __init__(self, runner, root: str, stderr_path: str, start_timeout: float = 30.0, *,
-                 warm: bool = True):
+                 warm: bool = True, zygote=None):
         self.runner, self.root, self.stderr_path = runner, root, stderr_path
         self.warm = warm                  # False: one run expected (verification), no warm-up
+        self.zygote = zygote              # sandboxes.zygote.Zygote: fork a warm worker in (bwrap only)
         self.start_timeout = start_timeout
         self.proc = None
         self._buf = b""
@@ -55,8 +56,11 @@ class PytestWorkerClient:
         if not self.warm:
             cmd.append("--no-warm")
         try:
-            self.proc = self.runner.popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=self._err)
+            self.proc = self.zygote.spawn(self.runner, self.root, kill_strays=True, stderr=self._err) \
+                if self.zygote is not None else None
+            if self.proc is None:       # no zygote, or it failed: a worker started in the sandbox
+                self.proc = self.runner.popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              stderr=self._err)
         except OSError as e:
             self.close()
             return f"{NOT_STARTED}: spawn failed: {e}"

@@ -163,6 +163,7 @@ class _Episode:
             self.tools = self.env.tool_schemas()
         except Exception as e:  # noqa: BLE001 - a sandbox that cannot start is the harness's fault
             self.fail(f"env reset failed: {type(e).__name__}: {e}")
+        self._close_if_done()
 
     def act(self) -> None:
         c, self._pending = self._pending, None
@@ -170,6 +171,19 @@ class _Episode:
             self._act(c)
         except Exception as e:  # noqa: BLE001 - a crash in the env is never the policy's score
             self.fail(f"env step failed: {type(e).__name__}: {e}")
+        self._close_if_done()
+
+    def _close_if_done(self) -> None:
+        """Tear the finished episode's sandbox down here, in the pool thread. `record()` runs on
+        the thread that generates: closing there (unmounting the quota tmpfs and deleting the
+        worktree wait on the kernel, ~0.1 s an episode) stalled generation for a batch's episodes
+        one after another (3.5 s of a 16.9 s batch of 32 in bench/rollout.py)."""
+        if not self.done:
+            return
+        try:
+            self.env.close()
+        except Exception:  # noqa: BLE001 - cleanup must not turn a result into a crash
+            pass
 
     def _act(self, c: Completion) -> None:
         env = self.env
