@@ -31,7 +31,11 @@ pytest itself: reading ini files and conftests, collecting, rewriting asserts, r
 * runs one small session (pass, fail, skip, parametrize) to warm import, regex and inspect
   caches, then removes its module again and `gc.freeze()`s the heap.
 
-Size: ~560 lines, on purpose one self-contained file. It is what runs inside the sandbox: bwrap
+As root with bwrap the host usually does not start this file inside the sandbox: a zygote
+(`--zygote FD`, below; host side in `sandboxes.zygote`) runs the same warm-up once and forks each
+worker into the sandbox's namespaces, where it serves exactly as above.
+
+Size: ~700 lines, on purpose one self-contained file. It is what runs inside the sandbox: bwrap
 read-only-binds this one file at /.ratchet/pytest_worker.py (`runtime.py`: `tool_files`) and
 Docker mounts it alone (`docker_runtime.py`), and the sandbox's interpreter (in Docker, the
 image's own python and pytest) runs it as a script, where the `sandboxes` package does not
