@@ -738,14 +738,16 @@ def serve(root: str, kill_strays: bool, warm: bool = True) -> None:
 # namespace, takes the sandbox's root, drops to the episode's uid exactly as bwrap + setpriv do,
 # and serves like a worker started inside it. Why: `import pytest` in a fresh interpreter was
 # ~0.25 of the ~0.4 CPU-s each sandbox start cost (docs/sandboxes.md, "zygote").
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 1, 38, 36
+_PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 38, 36
 
 
 def _zygote_main(sock_fd: int) -> None:
     import ctypes
     import socket
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)    # dies with the host process
+    # No PR_SET_PDEATHSIG: it fires when the *thread* that started the zygote ends (a pool thread
+    # of the policy runner), not the host process. The zygote exits on EOF of its socket instead,
+    # which the kernel closes when the host process dies.
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)           # workers are reparented here: reap
     sock = socket.socket(fileno=sock_fd)
     _warm_up()

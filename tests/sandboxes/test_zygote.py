@@ -139,3 +139,18 @@ def test_the_zygote_cannot_be_reached_from_a_sandbox(tmp_path):
         rep = ep.run_tests(["test_r.py::test_reach"])
     assert rep.outcomes == {"test_r.py::test_reach": "passed"}, rep.output
     assert rt.zygote()._proc.poll() is None
+
+
+def test_the_zygote_outlives_the_thread_that_started_it(tmp_path):
+    """The policy runner starts sandboxes from pool threads that end with each batch: the zygote
+    must stay (one warm-up per process), not be restarted for every batch."""
+    import threading
+    rt = LocalRuntime(tmp_path / "rt")
+    z = rt.zygote()
+    z.close()                               # a zygote started below, from a thread that then ends
+    t = threading.Thread(target=facts, args=(rt,))
+    t.start()
+    t.join()
+    pid = z._proc.pid
+    facts(rt)
+    assert z._proc.pid == pid and z._proc.poll() is None
