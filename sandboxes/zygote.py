@@ -137,13 +137,17 @@ class Zygote:
             leaf = _leaf(bw.pid)
             if leaf is None:
                 raise OSError("no placeholder process in the sandbox")
-            own = [os.open(f"/proc/{leaf}/ns/{n}", os.O_RDONLY) for n in NAMESPACES]
+            for n in NAMESPACES:        # one at a time into `own`: a failed open closes the rest
+                own.append(os.open(f"/proc/{leaf}/ns/{n}", os.O_RDONLY))
             own.append(os.open(f"/proc/{leaf}/root", os.O_RDONLY | os.O_DIRECTORY))
             if _leaf(bw.pid) != leaf:   # opened after a pid reuse: refuse
                 raise OSError("the placeholder changed while its namespaces were opened")
             in_r, in_w = os.pipe()
+            keep.append(in_w)
+            own.append(in_r)
             out_r, out_w = os.pipe()
-            keep, own = [in_w, out_r], own + [in_r, out_w]
+            keep.append(out_r)
+            own.append(out_w)
             req = {"ns": list(NAMESPACES), "root": root, "uid": runner.spec.uid, "gid": SANDBOX_GID,
                    "rlimits": rlimits(runner.spec), "env": runner.env(),
                    "argv0": runner.tool_path("pytest_worker.py"), "kill_strays": kill_strays}
