@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
 from pathlib import Path
@@ -42,19 +41,10 @@ STRUCT_SIZE = {"quick": dict(problems=16, train_tasks=40, val_tasks=10, sft_epoc
 
 
 def cpu_now() -> float:
-    """CPU seconds of this process tree: this process, its reaped children, and the ones still
-    alive (sandbox workers may outlive a stage; their time would otherwise be missed)."""
-    import psutil
-
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-    for p in psutil.Process().children(recursive=True):
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-        except psutil.Error:
-            pass
-    return total
+    """CPU seconds of this process tree, sandboxes included (`sandboxes.cpu_meter.tree_cpu_s`: the
+    workers killed unwaited-for and those the zygote reaped, which rusage does not see)."""
+    from sandboxes.cpu_meter import tree_cpu_s
+    return tree_cpu_s()
 
 
 def problem_number(b) -> int:

@@ -49,6 +49,11 @@ def stop_process(proc) -> None:
     import signal
     if proc is None:
         return
+    if proc.returncode is None:
+        from sandboxes.cpu_meter import before_kill
+        before_kill(proc.pid)           # nobody waits for what dies under it: count it now
+        if getattr(proc, "zygote_pid", None):   # a zygote's worker: its children die unwaited too
+            before_kill(proc.worker_pid, parent=proc.zygote_pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

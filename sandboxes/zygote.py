@@ -55,16 +55,28 @@ def shared(worker: str, digest: str, stderr_path) -> "Zygote":
         return z
 
 
+def live_cpu_s() -> list[float]:
+    """CPU seconds (own + reaped workers') of this process's running zygotes (`sandboxes.cpu_meter`)."""
+    with _SHARED_LOCK:
+        mine = [z for (pid, _), z in _SHARED.items() if pid == os.getpid()]
+    return [z.cpu_s() for z in mine]
+
+
 class ZygoteProc:
     """What `PytestWorkerClient` needs of a worker process: its pipes, and a pid whose process
     group kills it (the bwrap that holds its namespace)."""
 
-    def __init__(self, bwrap: subprocess.Popen, stdin, stdout, worker_pid: int):
+    def __init__(self, bwrap: subprocess.Popen, stdin, stdout, worker_pid: int, zygote_pid: int | None = None):
         self._bwrap, self.stdin, self.stdout, self.worker_pid = bwrap, stdin, stdout, worker_pid
+        self.zygote_pid = zygote_pid    # the worker's parent (it reaps it), for sandboxes.cpu_meter
         self.pid = bwrap.pid
 
     def poll(self):
         return self._bwrap.poll()
+
+    @property
+    def returncode(self):
+        return self._bwrap.returncode
 
     def wait(self, timeout: float | None = None):
         return self._bwrap.wait(timeout)
@@ -123,6 +135,14 @@ class Zygote:
         with self._lock:
             self._stop()
 
+    def cpu_s(self) -> float:
+        """The zygote's own CPU time and that of the workers it reaped; 0 once it is reaped
+        here (then its time is in this process's RUSAGE_CHILDREN). Under the lock: never both."""
+        from sandboxes.cpu_meter import _times
+        with self._lock:
+            p = self._proc
+            return 0.0 if p is None or p.returncode is not None else (_times(p.pid) or 0.0)
+
     # -- workers -------------------------------------------------------------------------------
     def spawn(self, runner, root: str, *, kill_strays: bool, stderr) -> ZygoteProc | None:
         """A worker for `runner`'s sandbox (a `Bwrap`), or None (the caller starts one itself)."""
@@ -154,6 +174,7 @@ class Zygote:
             with self._lock:
                 if not self._ensure():
                     raise OSError(self.last_error)
+                zygote_pid = self._proc.pid
                 socket.send_fds(self._sock, [json.dumps(req).encode()], own + [stderr.fileno()])
                 if not select.select([self._sock], [], [], 30)[0]:
                     self._stop()
@@ -170,7 +191,7 @@ class Zygote:
             for fd in own:
                 os.close(fd)
         self.spawned += 1
-        return ZygoteProc(bw, os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb"), int(reply["pid"]))
+        return ZygoteProc(bw, os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb"), int(reply["pid"]), zygote_pid)
 
     def _fail(self, why: str) -> None:
         self.failed += 1
