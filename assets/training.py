@@ -254,6 +254,10 @@ class RLConfig(dg.Config):
     max_turns: int = _R.max_turns
     task_limit: int | None = None      # first N train tasks (tests, quick runs)
     seed: int = _R.seed
+    rollout_workers: int = _R.rl_rollout_workers   # worker processes for the rollouts (1: in this process)
+    # reuse a test run's result when an episode repeats it exactly (sandboxes.result_cache, the file the
+    # holdout evaluation uses): a GRPO group's pristine localize runs once (~13% less CPU a step)
+    test_cache: bool = True
 
 
 @dg.asset(partitions_def=CANDIDATES, group_name="training", owners=OWNERS["training"], pool="training",
@@ -284,12 +288,14 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
     settings = RecipeSettings(rl_steps=config.steps, rl_tasks_per_step=config.tasks_per_step,
                               rl_group_size=config.group_size, rl_lr=config.learning_rate, rl_beta=config.beta,
                               rl_temperature=config.temperature, max_tokens=config.max_tokens,
-                              max_turns=config.max_turns, seed=config.seed)
+                              max_turns=config.max_turns, seed=config.seed, rl_rollout_workers=config.rollout_workers)
     out_dir = _dir(warehouse, cand, f"rl-from-{sft['version']}")     # a re-run resumes here
     with tracking.run(EXPERIMENT, f"rl {cand}", tags={"ratchet.stage": "rl"}, dagster_run_id=context.run_id,
                     partition=cand) as run:
         run.log_params({"start": sft["checkpoint_id"], **settings.grpo().__dict__})
-        res = rl_stage(sft["path"], bundles, out_dir, settings, runtime=LocalRuntime(),
+        from ratchet.evaluation.runner import test_cache_file
+        runtime = LocalRuntime(test_cache=test_cache_file(home.root) if config.test_cache else None)
+        res = rl_stage(sft["path"], bundles, out_dir, settings, runtime=runtime,
                          on_step=lambda r: context.log.info(
                              f"step {r['step']}: reward {r['reward']} pass {r['pass_rate']} loss {r['loss']:.4f} "
                              f"kl {r['kl']:.4f} infra {r['infra_failures']} ({r['step_s']} s)"))

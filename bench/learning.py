@@ -162,10 +162,11 @@ def main(argv=None) -> int:
                          "tests pass.' instead of the issue, and no quoted code on localize/apply_edit rows")
     ap.add_argument("--unmasked-logprobs", action="store_true",
                     help="GRPO on the unmasked distribution (the first measured run) instead of the grammar-masked one")
-    ap.add_argument("--test-cache", action="store_true",
+    ap.add_argument("--test-cache", action=argparse.BooleanOptionalAction, default=True,
                     help="reuse sandbox test results an exact repeat of a run gives (sandboxes.result_cache; "
                          "a file in --out that starts empty): a GRPO group's pristine localize and identical "
-                         "verifications run once. Off by default: runs 1-7 made every run")
+                         "verifications run once (the same rewards, ~13%% less CPU a GRPO step). On by default "
+                         "since run 10; runs 1-9 made every run (--no-test-cache)")
     for key in STRUCT_SIZE["default"]:
         ap.add_argument("--" + key.replace("_", "-"), type=type(STRUCT_SIZE["default"][key]), default=None)
     a = ap.parse_args(argv)

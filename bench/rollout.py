@@ -122,6 +122,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-share-prefix", action="store_true",
                     help="every row attends its own copy of the system turn's KV (the engine before shared-prefix attention)")
     ap.add_argument("--cache", default=None, help="where the embedded base is built (default: a temp dir)")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="rollout worker processes for the pooled mode (ratchet.policy.rollout_pool: each "
+                         "batches its share of the concurrent episodes, one torch thread each); 0: skip it")
     a = ap.parse_args(argv)
 
     import torch
@@ -158,21 +161,38 @@ def main(argv=None) -> dict:
         sizes.clear()
         gen_s[0] = 0.0
 
-        t0 = time.monotonic()
+        from sandboxes.cpu_meter import tree_cpu_s
+        t0, c0 = time.monotonic(), tree_cpu_s()
         seq = [run_policy_episode(policy, b, s, **kw) for b, s in jobs]
-        seq_s = time.monotonic() - t0
+        seq_s, seq_cpu = time.monotonic() - t0, tree_cpu_s() - c0
         seq_calls, seq_gen = len(sizes), gen_s[0]
         sizes.clear()
         gen_s[0] = 0.0
         bat_threads = a.batched_threads if a.batched_threads is not None else a.threads
         torch.set_num_threads(bat_threads)
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), tree_cpu_s()
         shared0 = policy.stats.get("shared_prefix_tokens", 0)
         bat = run_episodes(policy, jobs, concurrency=a.concurrency, min_batch=a.min_batch or a.concurrency, **kw)
-        bat_s, bat_gen = time.monotonic() - t0, gen_s[0]
+        bat_s, bat_gen, bat_cpu = time.monotonic() - t0, gen_s[0], tree_cpu_s() - c0
         shared_tokens = policy.stats.get("shared_prefix_tokens", 0) - shared0
+        pooled, pool_s, pool_cpu = None, None, None
+        if a.workers > 1:
+            from ratchet.policy.rollout_pool import RolloutPool
+            engine = {"policy_id": policy.policy_id, "constrained": policy.constrained, "chat": policy.chat,
+                      "grammar": policy.grammar, "share_prefix": policy.share_prefix}
+            pkw = {"concurrency": a.concurrency, "min_batch": a.min_batch or a.concurrency, "max_turns": a.max_turns,
+                   "sampling": sampling}
+            with RolloutPool(a.workers, runtime=rt) as pool:
+                # warm-up: the workers' start (spawn, imports, their zygotes) is paid once per
+                # training run, like the warm-up episode above; excluded from the timing
+                pool.run(policy.model, policy.tok, engine, jobs[:a.workers], runtime=rt, **pkw)
+                c0, t0 = tree_cpu_s(), time.monotonic()
+                pooled = pool.run(policy.model, policy.tok, engine, jobs, runtime=rt, **pkw)
+                pool_s, pool_cpu = time.monotonic() - t0, tree_cpu_s() - c0
+                assert pool.fallbacks == 0, "a rollout worker died"
 
     same = [x.messages == y.messages and x.reward == y.reward for x, y in zip(seq, bat)]
+    same_pooled = [x.messages == y.messages and x.reward == y.reward for x, y in zip(seq, pooled or [])]
     n = len(jobs)
     turns = sum(r.turns for r in seq)
     tok_out = sum(r.tokens_out for r in seq)
@@ -183,6 +203,9 @@ def main(argv=None) -> dict:
           f"torch threads {a.threads} (batched: {bat_threads})")
     print(f"{'mode':38s} {'wall s':>8s} {'eps/s':>8s} {'generate calls':>15s} {'generate s':>11s} "
           f"{'sandbox s (sum)':>16s}")
+    if pooled is not None:
+        rows.append((f"{a.workers} worker processes (pooled)", pool_s, 0, float("nan"),
+                     sum(r.sandbox_s for r in pooled)))
     for name, wall, calls, g, sb in rows:
         print(f"{name:38s} {wall:8.2f} {n / wall:8.3f} {calls:15d} {g:11.2f} {sb:16.2f}")
     print(f"turns {turns}, tokens out {tok_out}, mean batch {sum(sizes) / max(1, len(sizes)):.2f}, "
@@ -195,7 +218,16 @@ def main(argv=None) -> dict:
               "mean_batch": round(sum(sizes) / max(1, len(sizes)), 2), "identical": all(same),
               "identical_episodes": sum(same), "generate_s": round(bat_gen, 2), "baseline_generate_s": round(seq_gen, 2),
               "generate_ratio": round(seq_gen / bat_gen, 2),
-              "share_prefix": not a.no_share_prefix, "shared_prefix_tokens": shared_tokens, "ratio": round(seq_s / bat_s, 2)}
+              "share_prefix": not a.no_share_prefix, "shared_prefix_tokens": shared_tokens,
+              "ratio_one_process": round(seq_s / bat_s, 2), "one_process_eps_per_s": round(n / bat_s, 4),
+              "cpu_s": {"sequential": round(seq_cpu, 2), "one_process": round(bat_cpu, 2)}}
+    if pooled is not None:
+        result.update({"workers": a.workers, "pooled_eps_per_s": round(n / pool_s, 4), "pooled_identical": all(same_pooled),
+                       "pooled_cpu_s": round(pool_cpu, 2), "ours_eps_per_s": round(n / pool_s, 4),
+                       "ours": f"{a.workers} rollout worker processes (RolloutPool)"})
+        result["cpu_s"]["pooled"] = round(pool_cpu, 2)
+    best = pool_s if pooled is not None else bat_s
+    result["ratio"] = round(seq_s / best, 2)
     print(json.dumps(result))
     return result
 

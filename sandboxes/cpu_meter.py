@@ -13,7 +13,8 @@ machine's 119.3 busy CPU-s without the zygote and 79.7 of 89.8 with it.
 So: `before_kill(pid)` is called right before a sandbox's process group is killed and adds the
 CPU time of the live processes under it (each one's own time plus that of the children it has
 already waited for), and under a zygote worker; `tree_cpu_s()` is this process + its waited-for children + those samples +
-the live zygotes' totals (their own time and that of the workers they reaped). It is what
+the live zygotes' totals (their own time and that of the workers they reaped) + what worker
+processes of ours (`ratchet.policy.rollout_pool`) measured for themselves. It is what
 training reports as CPU seconds (the economics stage prices them). Docker sandboxes run under
 the Docker daemon, outside this process tree: their CPU is not in it.
 """
@@ -91,6 +92,30 @@ def killed_s() -> float:
     return _KILLED_S
 
 
+_REMOTE_S = 0.0                  # reported by worker processes this process has not reaped yet
+
+
+def add_remote(seconds: float) -> None:
+    """CPU a worker process of ours measured for itself (its `tree_cpu_s`): counted here until the
+    worker is reaped; then `reaped(...)` takes back what reaping added to RUSAGE_CHILDREN."""
+    global _REMOTE_S
+    with _LOCK:
+        _REMOTE_S += seconds
+
+
+def children_s() -> float:
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return kids.ru_utime + kids.ru_stime
+
+
+def reaped(children_before: float) -> None:
+    """Workers were just reaped: their own and their reaped children's time moved into
+    RUSAGE_CHILDREN (the increase since `children_before`), so it leaves the remote total."""
+    global _REMOTE_S
+    with _LOCK:
+        _REMOTE_S = max(0.0, _REMOTE_S - max(0.0, children_s() - children_before))
+
+
 def zygotes_s() -> float:
     """Own and reaped-workers' CPU seconds of this process's live zygotes."""
     from sandboxes import zygote
@@ -100,4 +125,4 @@ def zygotes_s() -> float:
 def tree_cpu_s() -> float:
     """CPU seconds of this process, its waited-for children, and the sandbox processes above."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + killed_s() + zygotes_s()
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + killed_s() + zygotes_s() + _REMOTE_S

@@ -70,14 +70,17 @@ class GRPOSettings:
     updates_per_step: int = 1          # optimizer steps per batch of rollouts (TRL's num_iterations, PPO's
                                        # epochs): after the first the ratio to the sampler's logprobs moves
                                        # off 1 and the clip bounds how far the batch can pull the policy
+    rollout_workers: int = 1           # >1: each step's episodes over that many worker processes
+                                       # (ratchet.policy.rollout_pool: the same records, generation on
+                                       # every core; bench/rollout.py)
 
     def __post_init__(self):
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has no baseline")
         if min(self.steps, self.tasks_per_step, self.checkpoint_every, self.max_tokens, self.max_turns,
-               self.updates_per_step) < 1:
-            raise ValueError("steps, tasks_per_step, checkpoint_every, max_tokens, max_turns and updates_per_step "
-                             "must be >= 1")
+               self.updates_per_step, self.rollout_workers) < 1:
+            raise ValueError("steps, tasks_per_step, checkpoint_every, max_tokens, max_turns, updates_per_step and "
+                             "rollout_workers must be >= 1")
         if self.learning_rate <= 0 or self.temperature <= 0 or self.beta < 0:
             raise ValueError("learning_rate and temperature must be > 0, beta >= 0")
 
@@ -272,6 +275,7 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
     from ratchet.policy.embedded.decoding import read_view
     from ratchet.policy.embedded.model import load_policy
     from ratchet.policy.engines.transformers_engine import TransformersPolicy
+    from ratchet.policy.rollout_pool import RolloutPool
     from ratchet.policy.runner import Sampling, run_episodes
 
     torch.set_num_threads(settings.threads)
@@ -298,36 +302,43 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
     c0, t0 = _cpu_now(), time.monotonic()
     batches, saved = [], []
     sampling = Sampling(temperature=settings.temperature, max_tokens=settings.max_tokens)
-    for step in range(first, settings.steps):
-        s0, w0 = _cpu_now(), time.monotonic()
-        jobs = step_batch(task_ids, settings, step)
-        batches.append(jobs)
-        # a fresh engine per step: its KV caches hold activations of the weights before the update
-        policy = TransformersPolicy(model, tok, policy_id=f"grpo:{step}", constrained=True, chat="embedded",
-                                    grammar={"bounds": settings.bounds()}, action_mask=settings.action_mask,
-                                    masked_logprobs=settings.masked_logprobs, **({"view": view} if view else {}))
-        recs = run_episodes(policy, [(by_id[t], s) for t, s in jobs], concurrency=settings.concurrency,
-                            sampling=sampling, runtime=runtime, judge=judge, weights=weights,
-                            max_turns=settings.max_turns, min_batch=settings.concurrency)
-        r0 = time.monotonic()
-        seqs, counts = build_update(recs, settings.group_size, settings.choice_only)
-        stats = grpo_update(model, ref_model, optimizer, seqs, settings)
-        row = {"step": step + 1, **counts, **stats, "rollout_s": round(r0 - w0, 3),
-               "update_s": round(time.monotonic() - r0, 3), "step_s": round(time.monotonic() - w0, 3),
-               "cpu_s": round(_cpu_now() - s0, 3), "task_ids": sorted({t for t, _ in jobs})}
-        history.append(row)
-        if on_step:
-            on_step(row)
-        done = step + 1
-        if done % settings.checkpoint_every == 0 or done == settings.steps or done == stop_after:
-            meta = {"stage": "rl", "parent": str(start), "settings": asdict(settings), "step": done,
-                    "history": history, "cpu_s": round(cpu_before + _cpu_now() - c0, 3),
-                    "wall_s": round(wall_before + time.monotonic() - t0, 3), "task_ids": task_ids}
-            saved.append(save_checkpoint(out, done, model, tok, optimizer, meta))
-            from ratchet.policy.embedded.decoding import write_decoding
-            write_decoding(saved[-1], action_mask=settings.action_mask, bounds=settings.bounds(), view=view)
-        if stop_after is not None and done >= stop_after:
-            break
+    rkw = {"concurrency": settings.concurrency, "sampling": sampling, "judge": judge, "weights": weights,
+           "max_turns": settings.max_turns, "min_batch": settings.concurrency}
+    pool = RolloutPool(settings.rollout_workers, runtime=runtime) if settings.rollout_workers > 1 else None
+    try:
+        for step in range(first, settings.steps):
+            s0, w0 = _cpu_now(), time.monotonic()
+            jobs = step_batch(task_ids, settings, step)
+            batches.append(jobs)
+            # a fresh engine per step: its KV caches hold activations of the weights before the update
+            engine = {"policy_id": f"grpo:{step}", "constrained": True, "chat": "embedded",
+                      "grammar": {"bounds": settings.bounds()}, "action_mask": settings.action_mask,
+                      "masked_logprobs": settings.masked_logprobs, **({"view": view} if view else {})}
+            ep_jobs = [(by_id[t], s) for t, s in jobs]
+            recs = pool.run(model, tok, engine, ep_jobs, runtime=runtime, **rkw) if pool else \
+                run_episodes(TransformersPolicy(model, tok, **engine), ep_jobs, runtime=runtime, **rkw)
+            r0 = time.monotonic()
+            seqs, counts = build_update(recs, settings.group_size, settings.choice_only)
+            stats = grpo_update(model, ref_model, optimizer, seqs, settings)
+            row = {"step": step + 1, **counts, **stats, "rollout_s": round(r0 - w0, 3),
+                   "update_s": round(time.monotonic() - r0, 3), "step_s": round(time.monotonic() - w0, 3),
+                   "cpu_s": round(_cpu_now() - s0, 3), "task_ids": sorted({t for t, _ in jobs})}
+            history.append(row)
+            if on_step:
+                on_step(row)
+            done = step + 1
+            if done % settings.checkpoint_every == 0 or done == settings.steps or done == stop_after:
+                meta = {"stage": "rl", "parent": str(start), "settings": asdict(settings), "step": done,
+                        "history": history, "cpu_s": round(cpu_before + _cpu_now() - c0, 3),
+                        "wall_s": round(wall_before + time.monotonic() - t0, 3), "task_ids": task_ids}
+                saved.append(save_checkpoint(out, done, model, tok, optimizer, meta))
+                from ratchet.policy.embedded.decoding import write_decoding
+                write_decoding(saved[-1], action_mask=settings.action_mask, bounds=settings.bounds(), view=view)
+            if stop_after is not None and done >= stop_after:
+                break
+    finally:
+        if pool is not None:
+            pool.close()
     final = last_checkpoint(out) or Path(start)
     return GRPOResult(checkpoint=final, history=history, checkpoints=saved, batches=batches,
                       cpu_s=round(cpu_before + _cpu_now() - c0, 3), wall_s=round(wall_before + time.monotonic() - t0, 3),

@@ -185,3 +185,28 @@ def test_data_order_is_a_function_of_seed_and_step():
     assert len(set(seeds)) == len(seeds)
     with pytest.raises(ValueError):
         GRPOSettings(group_size=1)
+
+
+def test_rollout_workers_train_the_same_weights(start, bundles, runtime, tmp_path, monkeypatch):
+    """Two steps with the rollouts over 2 worker processes (ratchet.policy.rollout_pool) give the
+    history and weights of the in-process run (the same sampled tokens: entropy and token counts
+    match), and the workers' CPU is in the step's cpu_s."""
+    import torch
+    from safetensors.torch import load_file
+
+    from ratchet.policy.rollout_pool import RolloutPool
+
+    calls = []
+    run = RolloutPool.run
+    monkeypatch.setattr(RolloutPool, "run", lambda self, *a, **k: calls.append(self) or run(self, *a, **k))
+    s = GRPOSettings(**{**TINY_RL, "steps": 2, "checkpoint_every": 2})
+    here = train_grpo(start, bundles, tmp_path / "here", s, runtime=runtime)
+    assert not calls
+    pooled = train_grpo(start, bundles, tmp_path / "pooled", replace(s, rollout_workers=2), runtime=runtime)
+    assert len(calls) == 2 and calls[0].fallbacks == 0 and calls[0].cpu_s > 1.0
+    for k in ("reward", "pass_rate", "loss", "kl", "entropy", "policy_tokens", "infra_failures"):
+        assert [h[k] for h in pooled.history] == pytest.approx([h[k] for h in here.history], abs=1e-4), k
+    wa, wb = load_file(here.checkpoint / "model.safetensors"), load_file(pooled.checkpoint / "model.safetensors")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
+    # the workers' start-up (they import torch: seconds) is in the first step's CPU
+    assert pooled.history[0]["cpu_s"] >= calls[0].cpu_s / 2
