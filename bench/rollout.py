@@ -2,9 +2,14 @@
 a time, on the same tasks and seeds, with the same policy.
 
 Baseline: `run_policy_episode` per job, one after another (each turn one `generate` of one
-request). Ours: `run_episodes(concurrency=C)`: up to C episodes open, their sandbox steps in a
-thread pool while the model generates for every waiting episode in one batch. Both are real
-episodes in the bwrap sandbox (reset, tool calls, pristine verification at the end).
+request). One process: `run_episodes(concurrency=C)`: up to C episodes open, their sandbox steps
+in a thread pool while the model generates for every waiting episode in one batch. Ours (the GRPO
+default, `RecipeSettings.rl_rollout_workers`): the same over `--workers` worker processes
+(`ratchet.policy.rollout_pool.RolloutPool`), each batching its contiguous share of the episodes
+with one torch thread; their start (spawn, imports, zygote) is a warm-up call outside the timing,
+as the engine's warm-up episode is. All are real episodes in the bwrap sandbox (reset, tool calls,
+pristine verification at the end). CPU seconds per mode: `sandboxes.cpu_meter.tree_cpu_s`
+(this process, its sandboxes and the workers' own reports).
 
 Policy: the embedded base policy (`ratchet.policy.embedded.model`: random weights, its tokenizer
 trained on train-split problems that are not benched, its chat format), sampling at temperature 1,
@@ -17,7 +22,8 @@ whether every episode's transcript matched.
 
     .venv/bin/python bench/rollout.py [--tasks 16] [--concurrency 16] [--max-turns 4] [--grammar]
 
-The final line is one JSON object; ratio = batched_eps_per_s / sequential_eps_per_s.
+The final line is one JSON object; ratio = ours (pooled; one process with `--workers 0`) episodes/s
+over one-at-a-time episodes/s; `ratio_one_process` the one-process batched mode's.
 """
 from __future__ import annotations
 

@@ -83,13 +83,20 @@ class RolloutPool:
     def __init__(self, workers: int, *, runtime=None):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        from sandboxes.runtime import LocalRuntime
+
         self.workers = workers
-        self.runtime_kw = {"root": str(runtime.root), "isolation": runtime.isolation,
-                           "test_cache": str(runtime.test_cache.path) if runtime.test_cache else None} \
-            if runtime is not None else {}
         self.cpu_s, self.fallbacks, self._pool = 0.0, 0, None
         self.last_error: str | None = None
         self.disabled: str | None = None    # why every share now runs here (an error no restart mends)
+        self.runtime_kw: dict = {}
+        if runtime is not None and type(runtime) is not LocalRuntime:
+            # a worker rebuilds the runtime from these settings: only a LocalRuntime's are known
+            self.disabled = f"rollout workers rebuild a LocalRuntime, not a {type(runtime).__name__}"
+        elif runtime is not None:           # the same root, isolation, hidden paths and test cache
+            self.runtime_kw = {"root": str(runtime.root), "isolation": runtime.isolation,
+                               "hide": tuple(h for h in runtime.hide if h != str(runtime.root)),
+                               "test_cache": str(runtime.test_cache.path) if runtime.test_cache else None}
 
     def _executor(self):
         if self._pool is None:

@@ -70,3 +70,14 @@ class _Broken:
 
     def shutdown(self, *a, **k):
         pass
+
+
+def test_a_runtime_the_workers_cannot_rebuild_keeps_episodes_here(runtime):
+    class OtherRuntime:
+        pass
+
+    pool = RolloutPool(2, runtime=OtherRuntime())
+    assert pool.disabled and "LocalRuntime" in pool.disabled
+    good = RolloutPool(2, runtime=runtime)
+    assert good.disabled is None and good.runtime_kw["root"] == str(runtime.root)
+    assert good.runtime_kw["isolation"] == runtime.isolation and str(runtime.root) not in good.runtime_kw["hide"]
