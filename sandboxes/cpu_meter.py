@@ -49,9 +49,15 @@ def _children(pid: int) -> list[int]:
         try:
             with open(f"/proc/{pid}/task/{t}/children") as f:
                 out += [int(x) for x in f.read().split()]
+        except FileNotFoundError:       # a kernel without CONFIG_PROC_CHILDREN: scan every ppid
+            return [p for p in _pids() if _ppid(p) == pid]
         except (OSError, ValueError):
             pass
     return out
+
+
+def _pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
 
 
 def descendants_s(pid: int) -> float:

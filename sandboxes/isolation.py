@@ -160,8 +160,9 @@ class _Capped:
 
 
 def _kill_group(proc: subprocess.Popen):
-    from sandboxes.cpu_meter import before_kill
-    before_kill(proc.pid)               # nobody waits for what dies under it: count it now
+    if proc.returncode is None:         # not reaped yet, so its pid is still its own
+        from sandboxes.cpu_meter import before_kill
+        before_kill(proc.pid)           # nobody waits for what dies under it: count it now
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
