@@ -103,6 +103,14 @@ def _init_worker(test_cache: str | None = None) -> None:
     _RUNTIME, _TEST_CACHE = LocalRuntime(test_cache=test_cache), test_cache
 
 
+def _init_pool_worker(test_cache: str | None = None) -> None:
+    """A pool worker's start: it exits when the evaluating process dies (ratchet.parent_watch)."""
+    from ratchet.parent_watch import exit_with_parent
+
+    exit_with_parent()
+    _init_worker(test_cache)
+
+
 def _chunk_job(args) -> tuple[list[dict], dict]:
     from ratchet.evaluation.economics import RateCard
     from ratchet.evaluation.episodes import run_policy_chunk
@@ -230,7 +238,7 @@ def _each(fn, jobs: list, n: int, take: Callable, test_cache: str | None = None)
     from concurrent.futures.process import BrokenProcessPool
 
     left = dict(enumerate(jobs))
-    pool = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+    pool = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_init_pool_worker,
                                initargs=(test_cache,))
     try:
         futures = {pool.submit(fn, j): k for k, j in left.items()}

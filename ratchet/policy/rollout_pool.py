@@ -30,6 +30,9 @@ _W: dict = {}          # in a worker: "runtime", "models" (by config), set by _i
 def _init(runtime_kw: dict) -> None:
     import torch
 
+    from ratchet.parent_watch import exit_with_parent
+
+    exit_with_parent()                  # a killed trainer leaves no worker stepping sandboxes
     torch.set_num_threads(1)            # one core each: the pool is the parallelism
     _W["runtime_kw"], _W["models"] = runtime_kw, {}
 

@@ -1,0 +1,28 @@
+"""Worker processes that exit when the process that started them dies.
+
+The evaluation's and the GRPO rollouts' spawn pools run jobs of minutes (a chunk of episodes). If
+the parent is killed (SIGKILL, an OOM kill, a Dagster run worker torn down), a worker finished its
+job before it noticed, and went on stepping sandboxes meanwhile (seen with `ratchet demo --full`,
+2026-12-01). PR_SET_PDEATHSIG is no fix here: it fires when the *thread* that forked the worker
+ends, and the executors start workers from whichever thread submits first. A daemon thread that
+polls the parent pid is cheap (one getppid a second) and exact: when it changes, the parent is gone,
+and the worker exits at once (its sandboxes go with it: bwrap's --die-with-parent, and the
+zygote exits on EOF of its socket).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+
+def exit_with_parent(interval: float = 1.0) -> None:
+    """Call in a worker process (a pool initializer): exit when its parent dies."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(70)                    # EX_SOFTWARE: no cleanup that could block on the dead parent
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()

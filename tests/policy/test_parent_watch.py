@@ -1,0 +1,57 @@
+"""Pool workers exit when the process that started them is killed (ratchet.parent_watch): a
+SIGKILLed trainer or evaluation leaves no worker running its chunk of episodes."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytestmark = pytest.mark.training
+
+PARENT = textwrap.dedent("""\
+    import multiprocessing as mp, os, sys, time
+    from concurrent.futures import ProcessPoolExecutor
+    from INIT_MODULE import INIT_NAME as init
+
+    def pid(_):
+        return os.getpid()
+
+    if __name__ == "__main__":
+        pool = ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"), initializer=init, initargs=INIT_ARGS)
+        pids = sorted(set(pool.map(pid, range(8), chunksize=1)))
+        print(" ".join(map(str, pids)), flush=True)
+        time.sleep(600)
+    """)
+
+
+@pytest.mark.parametrize("module,name,args", [
+    ("ratchet.policy.rollout_pool", "_init", "({},)"),
+    ("ratchet.evaluation.runner", "_init_pool_worker", "(None,)"),
+], ids=["rollout_pool", "evaluation"])
+def test_pool_workers_exit_when_their_parent_is_killed(tmp_path, module, name, args):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT.replace("INIT_MODULE", module).replace("INIT_NAME", name).replace("INIT_ARGS", args))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=root,
+                              env={**os.environ, "PYTHONPATH": root})
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert pids and all(_alive(p) for p in pids)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)], "pool workers outlived their killed parent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
