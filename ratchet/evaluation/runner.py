@@ -104,8 +104,8 @@ def _init_worker(test_cache: str | None = None) -> None:
 
 
 def _init_pool_worker(test_cache: str | None = None) -> None:
-    """A pool worker's start: it exits when the evaluating process dies (ratchet.parent_watch)."""
-    from ratchet.parent_watch import exit_with_parent
+    """A pool worker's start: it exits when the evaluating process dies (ratchet.pool_workers)."""
+    from ratchet.pool_workers import exit_with_parent
 
     exit_with_parent()
     _init_worker(test_cache)
@@ -249,6 +249,12 @@ def _each(fn, jobs: list, n: int, take: Callable, test_cache: str | None = None)
     except BrokenProcessPool as e:
         warnings.warn(f"evaluation: a worker process died ({e}); running its {len(left)} unfinished "
                       "jobs in this process")
+    except BaseException:
+        # Ctrl-C, a failing sink: stop the workers now (ratchet.pool_workers.terminate_pool).
+        # Rows already stored stay; a re-run resumes from them.
+        from ratchet.pool_workers import terminate_pool
+        terminate_pool(pool)
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)    # an error here stops queued jobs too
     if left:

@@ -30,7 +30,7 @@ _W: dict = {}          # in a worker: "runtime", "models" (by config), set by _i
 def _init(runtime_kw: dict) -> None:
     import torch
 
-    from ratchet.parent_watch import exit_with_parent
+    from ratchet.pool_workers import exit_with_parent
 
     exit_with_parent()                  # a killed trainer leaves no worker stepping sandboxes
     torch.set_num_threads(1)            # one core each: the pool is the parallelism
@@ -154,6 +154,13 @@ class RolloutPool:
     def _discard(self) -> None:
         self._shutdown(cancel=True)
 
+    def terminate(self) -> None:
+        """Stop now (Ctrl-C, an error in the trainer): the workers are killed mid-share."""
+        if self._pool is not None:
+            from ratchet.pool_workers import terminate_pool
+            terminate_pool(self._pool)
+        self._shutdown(cancel=True)
+
     def close(self) -> None:
         self._shutdown(cancel=False)
 
@@ -171,5 +178,5 @@ class RolloutPool:
     def __enter__(self) -> "RolloutPool":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.terminate() if exc_type is not None else self.close()

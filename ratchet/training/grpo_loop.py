@@ -336,6 +336,10 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
                 write_decoding(saved[-1], action_mask=settings.action_mask, bounds=settings.bounds(), view=view)
             if stop_after is not None and done >= stop_after:
                 break
+    except BaseException:
+        if pool is not None:
+            pool.terminate()            # Ctrl-C mid-step: do not wait for the workers' shares
+        raise
     finally:
         if pool is not None:
             pool.close()

@@ -1,4 +1,5 @@
-"""Worker processes that exit when the process that started them dies.
+"""Spawn-pool workers (the evaluation's, the GRPO rollouts'): they exit when the process that
+started them dies, and `terminate_pool` stops them mid-job.
 
 The evaluation's and the GRPO rollouts' spawn pools run jobs of minutes (a chunk of episodes). If
 the parent is killed (SIGKILL, an OOM kill, a Dagster run worker torn down), a worker finished its
@@ -26,3 +27,17 @@ def exit_with_parent(interval: float = 1.0) -> None:
         os._exit(70)                    # EX_SOFTWARE: no cleanup that could block on the dead parent
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def terminate_pool(pool) -> None:
+    """SIGTERM a ProcessPoolExecutor's workers and drop its queued jobs, without waiting for the
+    running ones (`shutdown(wait=True)` lets each finish its chunk of episodes first: minutes, which
+    is how Ctrl-C on `ratchet demo --full` seemed ignored). `_processes` is the executor's private
+    map of its workers: the stdlib has no public way to stop a running job."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())    # shutdown() drops the map
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        try:
+            p.terminate()
+        except (OSError, AttributeError):
+            pass

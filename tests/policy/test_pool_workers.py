@@ -1,4 +1,4 @@
-"""Pool workers exit when the process that started them is killed (ratchet.parent_watch): a
+"""Pool workers exit when the process that started them is killed (ratchet.pool_workers): a
 SIGKILLed trainer or evaluation leaves no worker running its chunk of episodes."""
 import os
 import signal
@@ -55,3 +55,34 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_an_interrupt_stops_the_evaluation_pool_without_waiting_for_running_jobs():
+    """KeyboardInterrupt in the evaluating process (here: raised by the sink on the first row)
+    ends `_each` at once and kills the workers that were still in their jobs; before, the
+    executor's shutdown(wait=True) first let every running job (minutes of episodes) finish."""
+    from ratchet.evaluation.runner import _each
+
+    seen = []
+
+    def take(result):
+        seen.append(result)
+        raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        _each(time.sleep, [0.1, 60, 60, 60], 2, take)
+    assert time.monotonic() - t0 < 30 and seen == [None]
+    kids = _children(os.getpid())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in kids):
+        time.sleep(0.2)
+    assert not [p for p in kids if _alive(p)]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/children") as f:
+            out += [int(x) for x in f.read().split()]
+    return [p for p in out if "spawn_main" in open(f"/proc/{p}/cmdline").read()]   # not the resource tracker
