@@ -18,8 +18,13 @@ import time
 
 
 def exit_with_parent(interval: float = 1.0) -> None:
-    """Call in a worker process (a pool initializer): exit when its parent dies."""
-    parent = os.getppid()
+    """Call in a worker process (a pool initializer): exit when its parent dies. The parent's pid
+    comes from multiprocessing's spawn data, not getppid(): a worker whose parent died before its
+    initializer ran (spawn and imports take seconds) has already been re-parented."""
+    import multiprocessing as mp
+
+    proc = mp.parent_process()
+    parent = proc.pid if proc is not None else os.getppid()
 
     def watch():
         while os.getppid() == parent:

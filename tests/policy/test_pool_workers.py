@@ -36,18 +36,32 @@ def test_pool_workers_exit_when_their_parent_is_killed(tmp_path, runtime, module
     script = tmp_path / "parent.py"
     script.write_text(PARENT.replace("INIT_MODULE", module).replace("INIT_NAME", name).replace("INIT_ARGS", args))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    marker = f"pool-workers-test-{os.getpid()}-{time.monotonic_ns()}"
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=root,
-                              env={**os.environ, "PYTHONPATH": root})
+                              env={**os.environ, "PYTHONPATH": root, "RATCHET_TEST_MARKER": marker})
     try:
         pids = [int(p) for p in parent.stdout.readline().split()]
         assert pids and all(_alive(p) for p in pids)
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait()
+    # every process the parent started, also one still in its initializer when the parent died
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and _marked(marker):
         time.sleep(0.2)
-    assert not [p for p in pids if _alive(p)], "pool workers outlived their killed parent"
+    assert not _marked(marker), "pool workers outlived their killed parent"
+
+
+def _marked(marker: str) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and _alive(int(d)) and f"RATCHET_TEST_MARKER={marker}".encode() in \
+                    open(f"/proc/{d}/environ", "rb").read().split(b"\0"):
+                out.append(int(d))
+        except OSError:
+            pass
+    return out
 
 
 def _alive(pid: int) -> bool:
@@ -64,17 +78,17 @@ def test_an_interrupt_stops_the_evaluation_pool_without_waiting_for_running_jobs
     executor's shutdown(wait=True) first let every running job (minutes of episodes) finish."""
     from ratchet.evaluation.runner import _each
 
-    seen = []
+    seen, before, kids = [], set(_children(os.getpid())), []
 
     def take(result):
         seen.append(result)
+        kids.extend(set(_children(os.getpid())) - before)     # this pool's workers (other tests' stay)
         raise KeyboardInterrupt
 
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         _each(time.sleep, [0.1, 60, 60, 60], 2, take)
-    assert time.monotonic() - t0 < 30 and seen == [None]
-    kids = _children(os.getpid())
+    assert time.monotonic() - t0 < 30 and seen == [None] and kids
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(_alive(p) for p in kids):
         time.sleep(0.2)
