@@ -35,7 +35,7 @@ def exit_with_parent(interval: float = 1.0) -> None:
 
 
 def terminate_pool(pool) -> None:
-    """SIGTERM a ProcessPoolExecutor's workers and drop its queued jobs, without waiting for the
+    """SIGKILL a ProcessPoolExecutor's workers and drop its queued jobs, without waiting for the
     running ones (`shutdown(wait=True)` lets each finish its chunk of episodes first: minutes, which
     is how Ctrl-C on `ratchet demo --full` seemed ignored). `_processes` is the executor's private
     map of its workers: the stdlib has no public way to stop a running job."""
@@ -43,6 +43,9 @@ def terminate_pool(pool) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
     for p in procs:
         try:
-            p.terminate()
+            # SIGKILL: a worker inherits an ignored SIGTERM through exec (a host process that set
+            # SIG_IGN, as the full test suite's process had by then), and SIGTERM ran no cleanup
+            # anyway; its sandboxes die with it (bwrap --die-with-parent, the zygote on EOF)
+            p.kill()
         except (OSError, AttributeError):
             pass

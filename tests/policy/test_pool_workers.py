@@ -92,7 +92,18 @@ def test_an_interrupt_stops_the_evaluation_pool_without_waiting_for_running_jobs
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(_alive(p) for p in kids):
         time.sleep(0.2)
-    assert not [p for p in kids if _alive(p)]
+    left = [p for p in kids if _alive(p)]
+    assert not left, [(p, open(f"/proc/{p}/cmdline").read()[:200], _env(p, "PYTEST_CURRENT_TEST")) for p in left]
+
+
+def _env(pid: int, key: str) -> str:
+    try:
+        for kv in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
+            if kv.startswith(key.encode() + b"="):
+                return kv.decode(errors="replace")
+    except OSError:
+        pass
+    return ""
 
 
 def _children(pid: int) -> list[int]:
