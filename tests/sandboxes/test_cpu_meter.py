@@ -44,14 +44,18 @@ def test_cpu_burnt_by_a_sandboxed_test_is_counted(runtime, monkeypatch, use_zygo
     assert seen_by_rusage < runs * BURN_S, seen_by_rusage
 
 
-def test_descendants_of_a_process_without_children_is_zero():
-    import os
+def test_descendants_count_the_processes_under_a_pid_only():
     import subprocess
 
     p = subprocess.Popen(["sleep", "5"])
+    busy = subprocess.Popen(["sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 5"])
     try:
-        assert descendants_s(p.pid) == 0.0
-        assert descendants_s(os.getpid()) >= 0.0
+        assert descendants_s(p.pid) == 0.0             # no children
+        import time
+        time.sleep(1.0)
+        assert descendants_s(busy.pid) == 0.0          # its own loop is not under it
     finally:
+        busy.kill()
+        busy.wait()
         p.kill()
         p.wait()
