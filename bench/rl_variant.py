@@ -13,7 +13,7 @@ RL change does, for ~25 minutes instead of a whole learning run's ~45 (the other
 evaluated again). `--curriculum-eval-only`: no training; the run's SFT and the given checkpoints
 on the RL curriculum itself (the train tasks the demonstrator solved), 2 fresh seeds, paired with
 SFT: whether GRPO improved the tasks it trained on (docs/training.md, after run 9). `--pool DIR
-...`: no training; several `--hide-task` outputs (one recipe seed each: their own SFT and RL
+...`: no training; several outputs (one recipe seed each: the SFT each RL started from and its RL
 rates) pooled: per task, the mean over seeds of RL and of SFT, then RL - SFT paired over tasks
 (the recipe's seed-to-seed spread averaged in instead of picking one seed).
 
@@ -41,10 +41,12 @@ def main(argv=None) -> int:
     ap.add_argument("--run", help="a bench/learning.py --out folder (default size, view on)")
     ap.add_argument("--out")
     ap.add_argument("--pool", nargs="+", default=None, metavar="DIR",
-                    help="pool the per-task SFT and RL rates of these --hide-task outputs (no training)")
+                    help="pool the per-task SFT and RL rates of these outputs (no training)")
     ap.add_argument("--curriculum", choices=("solved", "train"), default="solved")
     ap.add_argument("--updates-per-step", type=int, default=1)
     ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument("--tasks-per-step", type=int, default=None, help="GRPO tasks per step (default: the recipe's)")
+    ap.add_argument("--group-size", type=int, default=None, help="GRPO rollouts per task (default: the recipe's)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0, help="the recipe's seed (GRPO's task order and episode seeds; "
                                                         "SFT's with --hide-task); evaluation seeds stay 0..N-1")
@@ -104,8 +106,9 @@ def main(argv=None) -> int:
         return 0
 
     cur = train_used if a.curriculum == "train" else solved_tasks
+    shape = {k: v for k, v in (("rl_tasks_per_step", a.tasks_per_step), ("rl_group_size", a.group_size)) if v}
     rs = RecipeSettings(rl_steps=a.steps, rl_lr=a.lr, rl_updates_per_step=a.updates_per_step, max_turns=14,
-                        hide_task=a.hide_task, seed=a.seed)
+                        hide_task=a.hide_task, seed=a.seed, **shape)
     new_sft = None
     if a.hide_task:
         from ratchet.training.recipe import sft_stage
@@ -119,7 +122,8 @@ def main(argv=None) -> int:
         rows = L.run_embedded(sft_path, val, seeds=tuple(range(a.eval_seeds)), **ev)
         new_sft = (L.summarise(rows), L.per_task_rate(rows))
         say(f"eval sft (view names no task): {new_sft[0]}")
-    say(f"curriculum {a.curriculum}: {len(cur)} tasks; updates/step {a.updates_per_step}; steps {a.steps}; lr {a.lr}")
+    say(f"curriculum {a.curriculum}: {len(cur)} tasks; updates/step {a.updates_per_step}; steps {a.steps}; lr {a.lr}; "
+        f"{rs.rl_tasks_per_step} tasks x {rs.rl_group_size} rollouts a step")
 
     def on_step(r):
         say(f"  rl step {r['step']}: pass {r['pass_rate']} kl {r['kl']:.4f} ent {r['entropy']:.3f} "
@@ -132,8 +136,10 @@ def main(argv=None) -> int:
     say(f"eval rl: {res}")
     (out / "per_task_rl.json").write_text(json.dumps(pt, indent=1, sort_keys=True))
     old = json.loads((run / "per_task.json").read_text())
+    # the SFT this RL started from, per task (its own with --hide-task, else the run's): what --pool pairs with
+    (out / "per_task_sft.json").write_text(json.dumps(new_sft[1] if new_sft else {t: v for t, v in old["sft"].items()
+                                                                                 if t in pt}, indent=1, sort_keys=True))
     if new_sft:
-        (out / "per_task_sft.json").write_text(json.dumps(new_sft[1], indent=1, sort_keys=True))
         for k, (x, y) in {"rl_minus_sft_new": (pt, new_sft[1]), "sft_new_minus_sft": (new_sft[1], old["sft"])}.items():
             iv = paired_difference(x, {t: v for t, v in y.items() if t in x})
             say(f"paired {k}: {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
@@ -144,7 +150,8 @@ def main(argv=None) -> int:
         say(f"paired rl (this) - {b} ({run.name}): {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
     sft_p = new_sft[0]["pass"] if new_sft else sum(v for t, v in old["sft"].items() if t in pt) / len(pt)
     print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum, "hide_task": a.hide_task,
-                      "updates_per_step": a.updates_per_step, "steps": a.steps, "lr": a.lr, "seed": a.seed,
+                      "updates_per_step": a.updates_per_step, "steps": a.steps,
+                      "tasks_per_step": rs.rl_tasks_per_step, "group_size": rs.rl_group_size, "lr": a.lr, "seed": a.seed,
                       "rl_pass": res["pass"], "rl_pass_ci": res["pass_ci"], "rl_first_try": res["first_try"],
                       "train_cpu_min": round((rl.cpu_s + sft_cpu) / 60, 2), "paired": paired,
                       "baseline": "sft", "sft_pass": sft_p, "ratio": round(res["pass"] / sft_p, 3) if sft_p else None}))
@@ -152,8 +159,8 @@ def main(argv=None) -> int:
 
 
 def pool(dirs) -> int:
-    """RL - SFT over recipe seeds: each DIR's per_task_{sft,rl}.json (a --hide-task run: its own
-    SFT), per task the mean over DIRs, then the paired bootstrap over tasks."""
+    """RL - SFT over recipe seeds: each DIR's per_task_{sft,rl}.json (the SFT its RL started from: its
+    own with --hide-task, else the run's), per task the mean over DIRs, then the paired bootstrap over tasks."""
     from ratchet.evaluation.stats import paired_difference
 
     runs = []
@@ -161,7 +168,7 @@ def pool(dirs) -> int:
         try:
             runs.append({k: json.loads((d / f"per_task_{k}.json").read_text()) for k in ("sft", "rl")})
         except FileNotFoundError as e:
-            raise SystemExit(f"{d}: {e.filename} missing (only --hide-task runs train and evaluate their own SFT)")
+            raise SystemExit(f"{d}: {e.filename} missing (an output of rl_variant.py before it wrote per_task_sft.json)")
     tasks = sorted(set.intersection(*(set(r["sft"]) & set(r["rl"]) for r in runs)))
     if not tasks:
         raise SystemExit("no task is scored in every run")

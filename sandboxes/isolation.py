@@ -366,23 +366,70 @@ def _python_roots() -> list[str]:
 _ETC: dict[str, str] = {}
 
 
-def _synthetic_etc() -> dict[str, str]:
-    """passwd / group / hosts written by the harness (the host's name no users or hosts)."""
-    if not _ETC or not all(os.path.exists(p) for p in _ETC.values()):
-        import tempfile
-        d = tempfile.mkdtemp(prefix="ratchet-etc-")
-        os.chmod(d, 0o755)
-        files = {"passwd": "root:x:0:0:root:/root:/bin/sh\n"
-                           f"sandbox:x:{os.getuid() or 65000}:{SANDBOX_GID}:sandbox:{SANDBOX_HOME}:/bin/sh\n"
-                           "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-                 "group": f"root:x:0:\nnogroup:x:{SANDBOX_GID}:\n",
-                 "hosts": "127.0.0.1 localhost\n::1 localhost\n"}
+def _etc_files() -> dict[str, str]:
+    return {"passwd": "root:x:0:0:root:/root:/bin/sh\n"
+                      f"sandbox:x:{os.getuid() or 65000}:{SANDBOX_GID}:sandbox:{SANDBOX_HOME}:/bin/sh\n"
+                      "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+            "group": f"root:x:0:\nnogroup:x:{SANDBOX_GID}:\n",
+            "hosts": "127.0.0.1 localhost\n::1 localhost\n"}
+
+
+def _etc_ok(d: str, files: dict[str, str]) -> bool:
+    """`d` is ours to trust: a real folder (no link) owned by us, writable by nobody else, holding
+    exactly `files` as plain files of ours with that text (another user could pre-create the name
+    in the shared /tmp)."""
+    import stat
+    try:
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return False
+        if sorted(os.listdir(d)) != sorted(files):
+            return False
         for name, text in files.items():
-            p = os.path.join(d, name)
-            with open(p, "w") as f:
-                f.write(text)
-            os.chmod(p, 0o644)
-            _ETC[name] = p
+            fst = os.lstat(os.path.join(d, name))
+            if not stat.S_ISREG(fst.st_mode) or fst.st_uid != os.geteuid() or fst.st_mode & 0o022:
+                return False
+            with open(os.path.join(d, name)) as f:
+                if f.read() != text:
+                    return False
+        return True
+    except OSError:
+        return False
+
+
+def _synthetic_etc() -> dict[str, str]:
+    """passwd / group / hosts written by the harness (the host's name no users or hosts).
+
+    One folder per content, shared by every process of this user (`ratchet-etc-<uid>-<hash>` in
+    the temp dir): each process used to make its own and none removed it, which left one folder per
+    pool worker, zygote and test process in /tmp (1,813 after two days of test runs). A folder of
+    that name that fails `_etc_ok` is left alone and this process makes a private one."""
+    if not _ETC or not all(os.path.exists(p) for p in _ETC.values()):
+        import hashlib
+        import tempfile
+        files = _etc_files()
+        key = hashlib.sha256("\0".join(f"{n}\0{t}" for n, t in sorted(files.items())).encode()).hexdigest()[:12]
+        shared = os.path.join(tempfile.gettempdir(), f"ratchet-etc-{os.geteuid()}-{key}")
+        d = shared
+        if not _etc_ok(shared, files):
+            d = tempfile.mkdtemp(prefix="ratchet-etc-")
+            os.chmod(d, 0o755)
+            for name, text in files.items():
+                path = os.path.join(d, name)
+                with open(path, "w") as f:
+                    f.write(text)
+                os.chmod(path, 0o644)
+            if not os.path.lexists(shared):
+                try:
+                    os.rename(d, shared)            # atomic: others see all of it or nothing
+                    d = shared
+                except OSError:                     # another process got there first
+                    pass
+            if d != shared and _etc_ok(shared, files):
+                shutil.rmtree(d, ignore_errors=True)
+                d = shared
+        _ETC.clear()
+        _ETC.update({name: os.path.join(d, name) for name in files})
     return dict(_ETC)
 
 
