@@ -66,3 +66,41 @@ def test_harness_prior_resolves_from_the_warehouse_train_split(bundles, tmp_path
     want = fit_prior(bundles[:5])
     assert pol.agent_kw["prior"] == want and pol.spec["config"]["prior"]["n_tasks"] == len(want.task_ids)
     assert make_policy("harness:prior", train_tasks=bundles[:5]).agent_kw["prior"] == want
+
+
+def test_warehouse_prior_waits_for_a_writer_instead_of_failing(bundles, tmp_path, monkeypatch):
+    """Another process writing the warehouse (an evaluation's row writer, an ingest) holds DuckDB's
+    file lock: harness:prior reads the train split through the warehouse's own lock and waits,
+    where a raw read-only connect failed at once with "Could not set lock on file"."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from ratchet.policy import make_policy
+    from ratchet.warehouse import Warehouse
+
+    monkeypatch.setenv("RATCHET_HOME", str(tmp_path))
+    with Warehouse(tmp_path / "warehouse.duckdb").connect() as con:
+        con.execute("CREATE TABLE tasks (task_id VARCHAR, bundle VARCHAR)")
+        con.execute("CREATE TABLE split_assignments (kind VARCHAR, source_id VARCHAR, split VARCHAR)")
+        for b in bundles[:5]:
+            con.execute("INSERT INTO tasks VALUES (?, ?)", [b.task_id, json.dumps(b.to_dict())])
+            con.execute("INSERT INTO split_assignments VALUES ('task', ?, 'train')", [b.task_id])
+    ready = tmp_path / "held"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time, pathlib; from ratchet.warehouse import Warehouse\n"
+        f"with Warehouse(pathlib.Path({str(tmp_path / 'warehouse.duckdb')!r})).connect() as con:\n"
+        "    con.execute('SELECT count(*) FROM tasks').fetchall()\n"
+        f"    pathlib.Path({str(ready)!r}).touch(); time.sleep(3)\n")],
+        cwd=Path(__file__).resolve().parents[2])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert holder.poll() is None and time.monotonic() < deadline, "the holder did not start"
+            time.sleep(0.05)
+        pol = make_policy("harness:prior", k=2)                 # while the writer still holds the file
+        assert pol.agent_kw["prior"] == fit_prior(bundles[:5])
+    finally:
+        holder.kill() if holder.poll() is None else None
+        holder.wait()

@@ -160,19 +160,17 @@ def resolve_prior(train_tasks=None, home=None):
 def _warehouse_train_tasks(home=None) -> list[dict]:
     from pathlib import Path
 
-    import duckdb
-
     from ratchet.home import get_home
     from ratchet.training.data import TRAIN_TASKS_SQL
+    from ratchet.warehouse import Warehouse
 
     db = Path(get_home(home).warehouse)
     if not db.exists():
         raise ValueError(f"harness:prior: no warehouse at {db} to read the train split from; pass "
                          "prior= or train_tasks=")
-    con = duckdb.connect(str(db), read_only=True)
-    try:
+    # through the warehouse's lock: a raw read-only connect fails outright ("Could not set lock")
+    # while an evaluation's writer or an ingest holds the file, which voided the episode
+    with Warehouse(db).connect() as con:
         res = con.execute(TRAIN_TASKS_SQL)
         cols = [d[0] for d in res.description]
         return [dict(zip(cols, r)) for r in res.fetchall()]
-    finally:
-        con.close()
