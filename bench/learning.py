@@ -20,6 +20,8 @@ candidate edit applied. 95% CIs: percentile bootstrap over tasks (ratchet.evalua
 
     .venv/bin/python bench/learning.py            # default (the run docs/training.md reports)
     .venv/bin/python bench/learning.py --quick    # minutes: the plumbing, not the numbers
+    .venv/bin/python bench/learning.py --problems 0   # every HumanEval problem (the same task counts
+                                                      # drawn from 82 train / 82 validation problems)
 
 Final line: one JSON object; ratio = rl_pass / sft_pass, baseline = the SFT checkpoint.
 """
@@ -201,7 +203,7 @@ def main(argv=None) -> int:
     t0, cpu = time.monotonic(), {}
     say = lambda s: print(f"[{time.monotonic() - t0:6.0f}s] {s}", flush=True)   # noqa: E731
 
-    suite = build_suite(seed=0, limit=size["problems"])
+    suite = build_suite(seed=0, limit=size["problems"] or None)     # --problems 0: all 164
     tasks = sorted(suite.tasks, key=lambda b: b.task_id)
     train = [b for b in tasks if problem_number(b) % 2 == 0]
     val = [b for b in tasks if problem_number(b) % 2 == 1]
@@ -218,7 +220,7 @@ def main(argv=None) -> int:
     view = recipe_view(RecipeSettings(prior_view=not a.no_prior_view, hide_task=a.hide_task), [], prior)
     # what the view really holds (the JSON and the log report it, not the flags)
     ordered, hidden = bool(view and view.get("candidates")), task_hidden(view)
-    say(f"suite: {len(tasks)} tasks of {size['problems']} problems; train {len(train)} (even problems), "
+    say(f"suite: {len(tasks)} tasks of {len({problem_number(b) for b in tasks})} problems; train {len(train)} (even problems), "
         f"validation {len(val)} sampled (odd problems); prior fit on {len(prior.task_ids)} train tasks")
 
     c = cpu_now()
