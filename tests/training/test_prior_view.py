@@ -174,3 +174,27 @@ def test_a_view_that_hides_the_task_drops_the_issue_and_the_quoted_code_only():
                   recipe_view(RecipeSettings(hide_task=True), [], Prior.from_counts({}, []))):
         assert alone == {"task": "hidden"} and prepare(msgs, None, view=alone)[0]["content"] == TASK_HIDDEN_TEXT
         assert prepare(msgs, None, view=alone)[4]["content"] == policy_view(CANDS)     # the env's order
+
+
+def test_prepare_memo_keeps_views_apart_and_ignores_later_mutation():
+    """`prepare` memoises each message's view and canonical arguments (every turn re-renders the
+    whole conversation); the memo must never hand one view's text to another, nor follow a caller
+    that mutates its view dict afterwards."""
+    from ratchet.policy.action_mask import structured_tools
+    from sandboxes.tools import TOOL_SCHEMAS
+
+    tools = structured_tools(TOOL_SCHEMAS)
+    msgs = [{"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                "name": "propose_edits", "arguments": json.dumps({"line": 13, "path": "solution.py"})}}]},
+            {"role": "tool", "content": CANDS}]
+    view = make_view(PRIOR, source="test")
+    with_view, without = prepare(msgs, tools, view=view), prepare(msgs, tools)
+    assert with_view[2]["content"] == policy_view(CANDS, view) != without[2]["content"] == policy_view(CANDS)
+    # canonical arguments: the schema's property order, as the grammar emits them
+    assert json.loads(with_view[1]["tool_calls"][0]["function"]["arguments"]) == {"path": "solution.py", "line": 13}
+    assert list(json.loads(with_view[1]["tool_calls"][0]["function"]["arguments"])) == \
+        list(next(t["function"] for t in tools if t["function"]["name"] == "propose_edits")["parameters"]["properties"])
+    view["candidates"] = "env"                       # the caller's dict changes: a new key, not stale text
+    assert prepare(msgs, tools, view=view)[2]["content"] == policy_view(CANDS)
+    assert prepare(msgs, tools, view=make_view(PRIOR, source="test"))[2]["content"] == with_view[2]["content"]
