@@ -227,20 +227,26 @@ def _view_key(view: dict | None) -> str:
     if not view:
         return ""
     key = json.dumps(view)                          # order kept: property and count order can matter
+    if key not in _VIEWS and len(_VIEWS) > 256:
+        _VIEWS.clear()
+        _tool_view.cache_clear()
     _VIEWS.setdefault(key, json.loads(key))       # a private copy: the caller may mutate its own
     return key
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=4096)     # a worker's open episodes need ~30 x 24; raw texts can be long
 def _tool_view(text: str, view_key: str, limit: int | None) -> str:
-    return clip(policy_view(text, _VIEWS[view_key] if view_key else None), limit)
+    view = (_VIEWS.get(view_key) or json.loads(view_key)) if view_key else None
+    return clip(policy_view(text, view), limit)
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=4096)     # a worker's open episodes need ~30 x 24; raw texts can be long
 def _canonical_cached(name: str, raw: str, schemas_key: str) -> str | None:
     if schemas_key not in _SCHEMAS:
+        if len(_SCHEMAS) > 256:
+            _SCHEMAS.clear()
         _SCHEMAS[schemas_key] = json.loads(schemas_key)
-    return canonical_arguments(name, raw, _SCHEMAS[schemas_key])
+    return canonical_arguments(name, raw, _SCHEMAS.get(schemas_key) or json.loads(schemas_key))
 
 
 def _functions(tools: Iterable[dict] | None) -> dict[str, dict]:
