@@ -219,6 +219,7 @@ def canonical_arguments(name: str, arguments: Any, functions: dict[str, dict]) -
     return json.dumps({k: args[k] for k in order if k in args})
 
 
+MEMO = True        # prepare's per-message memo (bench/render.py turns it off for its baseline)
 _VIEWS: dict[str, dict] = {}
 _SCHEMAS: dict[str, dict] = {}
 
@@ -267,8 +268,8 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
     # the per-message work is memoised: profiled on 48 greedy episodes replayed from the completion
     # memo, `prepare` was 13.2 of the 25 s wall (policy_view, canonical_arguments' jsonschema
     # check, per message per turn: quadratic in turns). Both are pure functions of their inputs.
-    view_key = _view_key(view)
-    schemas_key = json.dumps(schemas) if tools else ""        # order kept: the schema's property order
+    view_key = _view_key(view) if MEMO else ""
+    schemas_key = json.dumps(schemas) if tools and MEMO else ""        # order kept: the schema's property order
     out = []
     for m in messages:
         role = m.get("role")
@@ -277,8 +278,8 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
             for c in m.get("tool_calls") or ():
                 fn = c.get("function") or {}
                 name, raw = fn.get("name") or "", fn.get("arguments")
-                args = (None if not tools else _canonical_cached(name, raw, schemas_key) if isinstance(raw, str)
-                        else canonical_arguments(name, raw, schemas))
+                args = (None if not tools else _canonical_cached(name, raw, schemas_key)
+                        if MEMO and isinstance(raw, str) else canonical_arguments(name, raw, schemas))
                 if args is None and tools:
                     ok = False
                 if args is None:
@@ -292,7 +293,9 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
                 msg["token_ids"] = list(m["token_ids"])
             out.append(msg)
         elif role == "tool":
-            out.append({"role": "tool", "content": _tool_view(_text(m.get("content")), view_key, max_tool_chars)})
+            text = _text(m.get("content"))
+            out.append({"role": "tool", "content": _tool_view(text, view_key, max_tool_chars) if MEMO
+                        else clip(policy_view(text, view), max_tool_chars)})
         elif role == "user" and task_hidden(view) and not any(o["role"] == "assistant" for o in out):
             out.append({"role": role, "content": TASK_HIDDEN_TEXT})
         else:
