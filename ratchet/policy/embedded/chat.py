@@ -220,34 +220,23 @@ def canonical_arguments(name: str, arguments: Any, functions: dict[str, dict]) -
 
 
 MEMO = True        # prepare's per-message memo (bench/render.py turns it off for its baseline)
-_VIEWS: dict[str, dict] = {}
-_SCHEMAS: dict[str, dict] = {}
 
 
-def _view_key(view: dict | None) -> str:
-    if not view:
-        return ""
-    key = json.dumps(view)                          # order kept: property and count order can matter
-    if key not in _VIEWS and len(_VIEWS) > 256:
-        _VIEWS.clear()
-        _tool_view.cache_clear()
-    _VIEWS.setdefault(key, json.loads(key))       # a private copy: the caller may mutate its own
-    return key
+@functools.lru_cache(maxsize=64)
+def _loads(key: str):
+    """A view or schema map back from its memo key (a private copy: callers may mutate their own;
+    nothing here mutates this one)."""
+    return json.loads(key)
 
 
 @functools.lru_cache(maxsize=4096)     # a worker's open episodes need ~30 x 24; raw texts can be long
 def _tool_view(text: str, view_key: str, limit: int | None) -> str:
-    view = (_VIEWS.get(view_key) or json.loads(view_key)) if view_key else None
-    return clip(policy_view(text, view), limit)
+    return clip(policy_view(text, _loads(view_key) if view_key else None), limit)
 
 
-@functools.lru_cache(maxsize=4096)     # a worker's open episodes need ~30 x 24; raw texts can be long
+@functools.lru_cache(maxsize=4096)
 def _canonical_cached(name: str, raw: str, schemas_key: str) -> str | None:
-    if schemas_key not in _SCHEMAS:
-        if len(_SCHEMAS) > 256:
-            _SCHEMAS.clear()
-        _SCHEMAS[schemas_key] = json.loads(schemas_key)
-    return canonical_arguments(name, raw, _SCHEMAS.get(schemas_key) or json.loads(schemas_key))
+    return canonical_arguments(name, raw, _loads(schemas_key))
 
 
 def _functions(tools: Iterable[dict] | None) -> dict[str, dict]:
@@ -268,8 +257,9 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
     # the per-message work is memoised: profiled on 48 greedy episodes replayed from the completion
     # memo, `prepare` was 13.2 of the 25 s wall (policy_view, canonical_arguments' jsonschema
     # check, per message per turn: quadratic in turns). Both are pure functions of their inputs.
-    view_key = _view_key(view) if MEMO else ""
-    schemas_key = json.dumps(schemas) if tools and MEMO else ""        # order kept: the schema's property order
+    # keys keep the dicts' order: the schema's property order is the canonical argument order
+    view_key = json.dumps(view) if MEMO and view else ""
+    schemas_key = json.dumps(schemas) if tools and MEMO else ""
     out = []
     for m in messages:
         role = m.get("role")
