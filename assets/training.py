@@ -150,6 +150,7 @@ class SFTConfig(dg.Config):
     max_length: int = _R.sft_max_length
     min_structured: int = _R.min_structured   # fewer structured-tool rows: train on all rows
     hide_task: bool = _R.hide_task        # the view names no task (RecipeSettings.hide_task)
+    rank_actions: bool = _R.rank_actions  # calls name ranks, not env numbers (RecipeSettings.rank_actions)
     threads: int = _R.threads
     seed: int = _R.seed
 
@@ -162,6 +163,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
                    tracking: MlflowTracking) -> dg.MaterializeResult:
     from ratchet.home import get_home
     from ratchet.policy.embedded.chat import task_hidden
+    from ratchet.policy.rank_actions import rank_actions
     from ratchet.training.data import tenant_training_rows
     from ratchet.training.lineage import environment_digest, inherited_manifest, trajectory_environments
     from ratchet.training.recipe import sft_stage
@@ -177,12 +179,13 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
     settings = RecipeSettings(sft_epochs=config.epochs, sft_max_steps=config.max_steps, sft_lr=config.learning_rate,
                               sft_batch=config.batch_size, sft_max_length=config.max_length,
                               min_structured=config.min_structured, hide_task=config.hide_task,
-                              threads=config.threads, seed=config.seed)
+                              rank_actions=config.rank_actions, threads=config.threads, seed=config.seed)
     with tracking.run(EXPERIMENT, f"sft {cand}", tags={"ratchet.stage": "sft"}, dagster_run_id=context.run_id,
                     partition=cand) as run:
         run.log_params({"base": base, **settings.sft().__dict__})
         res = sft_stage(base, rows, out_dir, settings)
-        run.log_params({"task_in_view": "hidden" if task_hidden(res.view) else "shown"})
+        run.log_params({"task_in_view": "hidden" if task_hidden(res.view) else "shown",
+                        "actions": "rank" if rank_actions(res.view) else "env"})
         with warehouse.store().connect() as con:
             env = environment_digest(trajectory_environments(con, res.manifest["record_ids"]))
         out = _register(warehouse, context, run, "sft", out_dir, parent=base,

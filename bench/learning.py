@@ -162,6 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--hide-task", action="store_true",
                     help="the view names no task (RecipeSettings.hide_task): the policy reads 'Make the failing "
                          "tests pass.' instead of the issue, and no quoted code on localize/apply_edit rows")
+    ap.add_argument("--rank-actions", action="store_true",
+                    help="calls name the k-th listed line / candidate row instead of the environment's numbers "
+                         "(RecipeSettings.rank_actions, ratchet.policy.rank_actions)")
     ap.add_argument("--unmasked-logprobs", action="store_true",
                     help="GRPO on the unmasked distribution (the first measured run) instead of the grammar-masked one")
     ap.add_argument("--test-cache", action=argparse.BooleanOptionalAction, default=True,
@@ -217,7 +220,8 @@ def main(argv=None) -> int:
     assert set(prior.task_ids) <= {b.task_id for b in train}
     assert not set(prior.task_ids) & {b.task_id for b in val} and prior.task_ids
     # the view every embedded policy here reads (the recipe's, from this train-fit prior)
-    view = recipe_view(RecipeSettings(prior_view=not a.no_prior_view, hide_task=a.hide_task), [], prior)
+    view = recipe_view(RecipeSettings(prior_view=not a.no_prior_view, hide_task=a.hide_task,
+                                       rank_actions=a.rank_actions), [], prior)
     # what the view really holds (the JSON and the log report it, not the flags)
     ordered, hidden = bool(view and view.get("candidates")), task_hidden(view)
     say(f"suite: {len(tasks)} tasks of {len({problem_number(b) for b in tasks})} problems; train {len(train)} (even problems), "
@@ -254,7 +258,8 @@ def main(argv=None) -> int:
                         sft_lr=a.sft_lr, masked_logprobs=not a.unmasked_logprobs,
                         rl_updates_per_step=a.rl_updates_per_step,
                         rl_tasks_per_step=size["rl_tasks_per_step"], rl_group_size=size["rl_group_size"],
-                        max_turns=a.max_turns, prior_view=not a.no_prior_view, hide_task=a.hide_task)
+                        max_turns=a.max_turns, prior_view=not a.no_prior_view, hide_task=a.hide_task,
+                        rank_actions=a.rank_actions)
 
     def on_step(r):
         say(f"  rl step {r['step']}: pass {r['pass_rate']} reward {r['reward'] and round(r['reward'], 3)} "

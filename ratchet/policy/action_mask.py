@@ -44,6 +44,12 @@ def call_allowed(messages: list[dict], tools: list[dict], name: str, arguments: 
     """Whether the call lies inside this turn's mask (used to check demonstrations)."""
     from ratchet.policy.grammar import arguments_valid
 
+    from ratchet.policy.rank_actions import Ranks, rank_actions
+
+    if rank_actions(view):          # `arguments` are the environment's: the mask offers ranks
+        arguments = Ranks.of(messages, view).to_rank(name, arguments)
+        if arguments is None:
+            return False
     offered = {_name(t): (t.get("function") or t)["parameters"] for t in narrow(messages, tools, view=view)}
     return name in offered and arguments_valid(offered[name], arguments)
 
@@ -170,7 +176,9 @@ def narrow(messages: list[dict], tools: list[dict], *, view: dict | None = None)
       (path, line) with `index` among the candidates not tried yet (no attempt twice). Enums list
       lines in SBFL rank order, and indices in the order the policy's view lists the candidates
       (`view`: a checkpoint's view setting, `chat.make_view`; the prior's order when it has one,
-      else the environment's), so the first enum value is the first row the policy sees;
+      else the environment's), so the first enum value is the first row the policy sees; with
+      rank-relative actions (`view["actions"] == "rank"`) every line and index is offered as its
+      rank (`ratchet.policy.rank_actions.rank_schemas`);
     - submit with the no-fix text on the clean file after a failed attempt once `GIVE_UP_AFTER`
       turns are used, when nothing else is left (every line listed, every candidate tried), or when
       an edit could not be undone (then the pre-mask options stay open too).
@@ -202,6 +210,10 @@ def narrow(messages: list[dict], tools: list[dict], *, view: dict | None = None)
         out = one("apply_edit", {"path": enum([p]), "line": enum([ln]), "index": enum([st["undo"]])})
     else:
         out = _open_choices(st, by_name, fallback=st["pending"] is not None or not st["clean"], view=view)
+    from ratchet.policy.rank_actions import Ranks, rank_actions, rank_schemas
+
+    if rank_actions(view):          # the same choices, named by rank (ratchet.policy.rank_actions)
+        out = rank_schemas(out, Ranks.of(messages, view))
     if not out:      # nothing left to try (or localize failed every time): let the episode end
         out = one("submit", {"explanation": enum([NO_FIX])})
     return out

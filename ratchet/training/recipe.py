@@ -63,6 +63,8 @@ class RecipeSettings:
     # the view names no task (chat.make_view). Off: over 3 recipe seeds its RL - SFT was +1.3
     # [-2.8, +5.4] points (docs/training.md, after run 9): no reliable gain to trade the issue text for
     hide_task: bool = False
+    # rank-relative actions (ratchet.policy.rank_actions): calls name the k-th listed line / row
+    rank_actions: bool = False
     sft_overrides: dict = field(default_factory=dict)
 
     @classmethod
@@ -152,7 +154,8 @@ def trajectory_prior(rows):
 def recipe_view(settings: "RecipeSettings", rows, prior=None) -> dict | None:
     """The view SFT renders with and saves: the prior's order (`prior`, fit on train-split tasks;
     else `trajectory_prior(rows)`), or None (the env's order) when `prior_view` is off. With
-    `hide_task` the view also names no task (`chat.make_view`), with or without the prior's order."""
+    `hide_task` the view also names no task, and with `rank_actions` calls name ranks (`chat.make_view`),
+    with or without the prior's order."""
     from ratchet.policy.embedded.chat import make_view
 
     view = None
@@ -163,7 +166,9 @@ def recipe_view(settings: "RecipeSettings", rows, prior=None) -> dict | None:
             source = f"fit_prior: {len(prior.task_ids)} train-split tasks"
         # a prior that counted nothing ranks nothing: the env's order, as a checkpoint without a view
         view = make_view(prior, source=source) if prior.counts else None
-    return {**(view or {}), "task": "hidden"} if settings.hide_task else view
+    extra = {**({"task": "hidden"} if settings.hide_task else {}),
+             **({"actions": "rank"} if settings.rank_actions else {})}
+    return {**(view or {}), **extra} if extra else view
 
 
 def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings(), *, prior=None):

@@ -126,15 +126,19 @@ VIEW_PRIOR = "prior"
 TASK_HIDDEN_TEXT = "Make the failing tests pass."
 
 
-def make_view(prior, *, source: str, hide_task: bool = False) -> dict:
+def make_view(prior, *, source: str = "", hide_task: bool = False, rank: bool = False) -> dict:
     """The view setting of a checkpoint whose lists are shown in `prior`'s order (a Prior fit on
-    train-split data only: `sandboxes.agents.prior.fit_prior`). `source` says what it was fit on.
-    `hide_task`: the view also names no task (see TASK_HIDDEN_TEXT)."""
+    train-split data only: `sandboxes.agents.prior.fit_prior`; None: the env's order). `source`
+    says what it was fit on. `hide_task`: the view also names no task (see TASK_HIDDEN_TEXT).
+    `rank`: rank-relative actions (`ratchet.policy.rank_actions`)."""
     from sandboxes.agents.prior import as_prior
 
-    p = as_prior(prior)
-    return {"candidates": VIEW_PRIOR, "prior": {"counts": dict(sorted(p.counts.items()))},
-            "fit": {"tasks": len(p.task_ids), "source": source}, **({"task": "hidden"} if hide_task else {})}
+    view: dict = {}
+    if prior is not None:
+        p = as_prior(prior)
+        view = {"candidates": VIEW_PRIOR, "prior": {"counts": dict(sorted(p.counts.items()))},
+                "fit": {"tasks": len(p.task_ids), "source": source}}
+    return {**view, **({"task": "hidden"} if hide_task else {}), **({"actions": "rank"} if rank else {})}
 
 
 def task_hidden(view: dict | None) -> bool:
@@ -165,8 +169,12 @@ def order_candidates(cands: list[tuple[int, str]], view: dict | None) -> list[tu
 
 
 def _ordered_rows(rows: list[str], view: dict | None) -> list[str]:
-    """Runs of consecutive candidate rows (one list) reordered by the view's prior."""
-    if view_prior(view) is None:
+    """Runs of consecutive candidate rows (one list) reordered by the view's prior; with
+    rank-relative actions each row is labelled with its place in the list (1, 2, ...)."""
+    from ratchet.policy.rank_actions import rank_actions
+
+    rank = rank_actions(view)
+    if view_prior(view) is None and not rank:
         return rows
     out, run = [], []
     for row in rows + [None]:
@@ -174,27 +182,42 @@ def _ordered_rows(rows: list[str], view: dict | None) -> list[str]:
         if m:
             run.append((int(m.group(1)), m.group(2)))
             continue
-        out += [f"[{i}] {d}" for i, d in order_candidates(run, view)]
+        out += [f"[{k if rank else i}] {d}" for k, (i, d) in enumerate(order_candidates(run, view), 1)]
         run = []
         if row is not None:
             out.append(row)
     return out
 
 
-def policy_view(text: str, view: dict | None = None) -> str:
+def _line_label(path: str, line: str, lines: tuple | None) -> str:
+    """`solution.py: 12`, or with rank-relative actions `2. solution.py: 12` (its row on localize's
+    list, the number the policy's call names) when the line was listed."""
+    k = lines.index((path, int(line))) + 1 if lines and (path, int(line)) in lines else None
+    return f"{k}. {path}: {line}" if k else f"{path}: {line}"
+
+
+def policy_view(text: str, view: dict | None = None, lines: tuple | None = None) -> str:
     """A tool observation as the embedded policy reads it (see above); other text unchanged.
-    `view`: a checkpoint's view setting (`make_view`): candidate lists in the prior's order."""
-    out, hide = [], task_hidden(view)
+    `view`: a checkpoint's view setting (`make_view`): candidate lists in the prior's order, and
+    with rank-relative actions rows labelled by rank; `lines` (those actions only): localize's
+    (path, line) rows so far, which label the lines that candidate lists and edits name."""
+    from ratchet.policy.rank_actions import rank_actions
+
+    out, hide, rank = [], task_hidden(view), rank_actions(view)
+    lines = lines if rank else None
     for row in _ordered_rows(text.split("\n"), view):
         m = _LOC_ROW.match(row)
         if m:
             row = f"{m.group(1)}{m.group(2)}: {m.group(3)} score={m.group(4)}" + ("" if hide else f" | {m.group(5)}")
         elif (m := _CAND_HEAD.match(row)):
-            row = f"{m.group(1)} {m.group(2)}: {m.group(3)}{m.group(4)}"
+            row = f"{m.group(1)} {_line_label(m.group(2), m.group(3), lines)}{m.group(4)}"
         elif (m := _CAND_ROW.match(row)):
             row = f"[ {m.group(1)}] {compact_candidate(m.group(2))}"
         elif (m := _APPLIED.match(row)):
-            row = f"applied [ {m.group(1)}] to {m.group(2)}: {m.group(3)}" + ("" if hide else f": {m.group(4)}")
+            # with ranks the row's index is left out: it was the call's own number, one turn back
+            head = f"applied to {_line_label(m.group(2), m.group(3), lines)}" if rank else \
+                f"applied [ {m.group(1)}] to {m.group(2)}: {m.group(3)}"
+            row = head + ("" if hide else f": {m.group(4)}")
         out.append(row)
     return "\n".join(out)
 
@@ -230,8 +253,8 @@ def _loads(key: str):
 
 
 @functools.lru_cache(maxsize=4096)     # a worker's open episodes need ~30 x 24; raw texts can be long
-def _tool_view(text: str, view_key: str, limit: int | None) -> str:
-    return clip(policy_view(text, _loads(view_key) if view_key else None), limit)
+def _tool_view(text: str, view_key: str, limit: int | None, lines: tuple | None = None) -> str:
+    return clip(policy_view(text, _loads(view_key) if view_key else None, lines), limit)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -258,8 +281,15 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
     # memo, `prepare` was 13.2 of the 25 s wall (policy_view, canonical_arguments' jsonschema
     # check, per message per turn: quadratic in turns). Both are pure functions of their inputs.
     # keys keep the dicts' order: the schema's property order is the canonical argument order
+    from ratchet.policy.rank_actions import Ranks, rank_actions
+
     view_key = json.dumps(view) if MEMO and view else ""
     schemas_key = json.dumps(schemas) if tools and MEMO else ""
+    # rank-relative actions: logged calls (the environment's numbers) are shown as the ranks the
+    # policy writes, from the observations before each call; a call naming nothing listed keeps
+    # its numbers and does not train (the policy could not have written it)
+    ranks = Ranks(view) if rank_actions(view) else None
+    sent: dict = {}             # call id -> (name, arguments as the environment got them)
     out = []
     for m in messages:
         role = m.get("role")
@@ -268,6 +298,9 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
             for c in m.get("tool_calls") or ():
                 fn = c.get("function") or {}
                 name, raw = fn.get("name") or "", fn.get("arguments")
+                if ranks is not None:
+                    raw, ranked = _ranked_call(name, raw, ranks, sent, c.get("id"))
+                    ok = ok and ranked
                 args = (None if not tools else _canonical_cached(name, raw, schemas_key)
                         if MEMO and isinstance(raw, str) else canonical_arguments(name, raw, schemas))
                 if args is None and tools:
@@ -284,13 +317,32 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
             out.append(msg)
         elif role == "tool":
             text = _text(m.get("content"))
-            out.append({"role": "tool", "content": _tool_view(text, view_key, max_tool_chars) if MEMO
-                        else clip(policy_view(text, view), max_tool_chars)})
+            lines = ranks.lines if ranks is not None else None
+            out.append({"role": "tool", "content": _tool_view(text, view_key, max_tool_chars, lines) if MEMO
+                        else clip(policy_view(text, view, lines), max_tool_chars)})
+            if ranks is not None:
+                name, args = sent.get(m.get("tool_call_id"), (m.get("name") or "", {}))
+                ranks.observe(name, args, text)
         elif role == "user" and task_hidden(view) and not any(o["role"] == "assistant" for o in out):
             out.append({"role": role, "content": TASK_HIDDEN_TEXT})
         else:
             out.append({"role": role, "content": _text(m.get("content"))})
     return out
+
+
+def _ranked_call(name: str, raw, ranks, sent: dict, call_id) -> tuple:
+    """(arguments to render, whether they are the policy's ranks) for one logged call; records the
+    call's environment arguments under its id for the observation that answers it."""
+    try:
+        args = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError:
+        args = None
+    args = args if isinstance(args, dict) else {}
+    sent[call_id] = (name, args)
+    ranked = ranks.to_rank(name, args)
+    if ranked is None:
+        return raw, False
+    return (json.dumps(ranked) if ranked is not args else raw), True
 
 
 def render_spans(messages: list[dict], tools: list[dict] | None = None, *, add_generation_prompt: bool = False,

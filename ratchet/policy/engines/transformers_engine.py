@@ -283,6 +283,9 @@ class TransformersPolicy:
         for row in rows:
             text = row.text if row.text is not None else self._decode_text(row.out)
             content, calls = self.parse(text)
+            if self.view:           # rank-relative actions: the environment gets its own numbers
+                from ratchet.policy.rank_actions import env_calls
+                calls = env_calls(calls, requests[row.req].messages, self.view)
             out[row.req].append(Completion(
                 text=content, tool_calls=calls, finish_reason=row.finish or "length",
                 prompt_tokens=len(row.prompt_ids), completion_tokens=len(row.out), latency_s=dt,

@@ -1,0 +1,191 @@
+"""Rank-relative actions, a view setting (`chat.make_view(..., rank=True)`: `view["actions"] ==
+"rank"`): the embedded policy names the k-th line localize listed and the k-th row of a candidate
+list as its view shows it, instead of the environment's line number and candidate index.
+
+    ranks = Ranks.of(messages, view)                            # from the observations so far
+    ranks.to_env("apply_edit", {"path": "solution.py", "line": 1, "index": 1})
+    # -> {"path": "solution.py", "line": 12, "index": 3}         (what the environment gets)
+
+Policy side only, like the rest of the view: the environment, its schemas and every logged
+trajectory keep the environment's numbers. Four places meet here: `chat.prepare` renders logged
+calls as ranks (so SFT trains on, and every prompt shows, the numbers the policy writes),
+`chat.policy_view` labels the observations with ranks, `action_mask.narrow` offers ranks, and the
+transformers engine turns a generated call back into the environment's numbers before the episode
+runner sees it. A rank always refers to the latest listing: localize's last answer for lines, the
+line's last `propose_edits` answer for rows (the mask offers a row only while that listing still
+describes the file, so the two agree).
+
+Why: with the view in the prior's order, "apply the first listed row" IS the prior harness, and
+SFT trained on 55 demonstrations of exactly that rule did not learn it on 164 problems (learning
+run 12: SFT 0.211, first try 0.111, against the prior's 0.517 / 0.433). The call named the row by
+its environment index, so the rule was "copy the number on the first row of the last list", a
+pointer operation; on 20 problems the model could instead recall per problem which index had been
+right, which did not carry to new problems. In ranks the rule is one constant token.
+"""
+from __future__ import annotations
+
+import functools
+import json
+
+RANK = "rank"
+NUMBERED = ("propose_edits", "apply_edit")      # the calls whose numbers are ranks
+
+
+def rank_actions(view: dict | None) -> bool:
+    return bool(view) and view.get("actions") == RANK
+
+
+@functools.lru_cache(maxsize=1024)
+def _localized(obs: str) -> tuple:
+    """Localize's (path, line) rows in its order, each once."""
+    from sandboxes.observations import parse_localize
+
+    out: list = []
+    for f, ln, _ in parse_localize(obs):
+        if (f, ln) not in out:
+            out.append((f, ln))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _rows(obs: str, view_key: str) -> tuple:
+    """A candidate list's environment indices in the order the view lists them."""
+    from ratchet.policy.embedded.chat import order_candidates
+    from sandboxes.observations import parse_candidates
+
+    return tuple(i for i, _ in order_candidates(parse_candidates(obs), json.loads(view_key) if view_key else None))
+
+
+def _int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+class Ranks:
+    """What ranks mean at one point of an episode: localize's lines and each line's latest list."""
+
+    def __init__(self, view: dict | None = None):
+        self.view_key = json.dumps(view) if view else ""
+        self.lines: tuple = ()
+        self.rows: dict = {}
+
+    @classmethod
+    def of(cls, messages: list[dict], view: dict | None = None) -> "Ranks":
+        from ratchet.policy.action_mask import _observations
+
+        r = cls(view)
+        for name, args, obs in _observations(messages):
+            r.observe(name, args, obs)
+        return r
+
+    def observe(self, name: str, args: dict, obs: str) -> None:
+        """One answered call (its arguments as the environment got them)."""
+        from sandboxes.observations import is_error
+
+        if is_error(obs):
+            return
+        if name == "localize":
+            self.lines = _localized(obs)
+        elif name == "propose_edits":
+            key = (args.get("path"), _int(args.get("line")))
+            if None not in key:
+                self.rows[key] = _rows(obs, self.view_key)
+
+    def line_rank(self, path, line) -> int | None:
+        try:
+            return self.lines.index((path, line)) + 1
+        except ValueError:
+            return None
+
+    def index_rank(self, path, line, index) -> int | None:
+        rows = self.rows.get((path, line), ())
+        return rows.index(index) + 1 if index in rows else None
+
+    def to_rank(self, name: str, args: dict) -> dict | None:
+        """The environment's arguments -> the policy's; None when a number was never listed."""
+        if name not in NUMBERED or not isinstance(args, dict):
+            return args
+        path, line = args.get("path"), _int(args.get("line"))
+        k = self.line_rank(path, line)
+        if k is None:
+            return None
+        out = {**args, "line": k}
+        if name == "apply_edit":
+            i = self.index_rank(path, line, _int(args.get("index")))
+            if i is None:
+                return None
+            out["index"] = i
+        return out
+
+    def to_env(self, name: str, args: dict) -> dict | None:
+        """The policy's arguments -> the environment's; None when a rank names nothing listed."""
+        if name not in NUMBERED or not isinstance(args, dict):
+            return args
+        k, path = _int(args.get("line")), args.get("path")
+        if k is None or not 1 <= k <= len(self.lines) or self.lines[k - 1][0] != path:
+            return None
+        line = self.lines[k - 1][1]
+        out = {**args, "line": line}
+        if name == "apply_edit":
+            i, rows = _int(args.get("index")), self.rows.get((path, line), ())
+            if i is None or not 1 <= i <= len(rows):
+                return None
+            out["index"] = rows[i - 1]
+        return out
+
+
+def env_calls(calls: list, messages: list[dict], view: dict | None) -> list:
+    """A generated turn's ToolCalls with their ranks turned into the environment's numbers (a call
+    that names nothing listed goes as written: the environment answers it with an error)."""
+    from ratchet.policy.base import ToolCall
+
+    if not rank_actions(view) or not any(c.name in NUMBERED for c in calls):
+        return calls
+    ranks = Ranks.of(messages, view)
+    out = []
+    for c in calls:
+        env = ranks.to_env(c.name, c.arguments) if c.name in NUMBERED and c.arguments is not None else None
+        out.append(ToolCall.from_raw(c.name, json.dumps(env), c.id) if env is not None else c)
+    return out
+
+
+def rank_schemas(schemas: list[dict], ranks: Ranks) -> list[dict]:
+    """The action mask's schemas (environment numbers) with every `line` / `index` enum turned into
+    ranks; a branch left with nothing to choose is dropped, and so is a tool left with no branch."""
+    out = []
+    for t in schemas:
+        fn = t.get("function") or t
+        if fn["name"] not in NUMBERED:
+            out.append(t)
+            continue
+        params = fn["parameters"]
+        branches = [b for b in (params.get("anyOf") or [params]) for b in _rank_branch(fn["name"], b, ranks)]
+        if branches:
+            import copy
+            t = copy.deepcopy(t)
+            (t.get("function") or t)["parameters"] = branches[0] if len(branches) == 1 else {"anyOf": branches}
+            out.append(t)
+    return out
+
+
+def _rank_branch(name: str, b: dict, ranks: Ranks) -> list[dict]:
+    """One object schema (path / line / index enums) -> one per path, in ranks."""
+    props = b.get("properties") or {}
+    if any("enum" not in props.get(k, {}) for k in ("path", "line", "index")[:3 if name == "apply_edit" else 2]):
+        return []                 # numbers the mask left open cannot be offered as ranks
+    out = []
+    for p in props["path"]["enum"]:
+        lines = [(ln, ranks.line_rank(p, ln)) for ln in props["line"]["enum"]]
+        lines = [(ln, k) for ln, k in lines if k is not None]
+        if not lines:
+            continue
+        nb = {**b, "properties": {**props, "path": {**props["path"], "enum": [p]},
+                                  "line": {**props["line"], "enum": [k for _, k in lines]}}}
+        if name == "apply_edit":
+            (ln, _), = lines          # the mask offers apply_edit one line per branch
+            idx = [ranks.index_rank(p, ln, i) for i in props["index"]["enum"]]
+            idx = [i for i in idx if i is not None]
+            if not idx:
+                continue
+            nb["properties"]["index"] = {**props["index"], "enum": idx}
+        out.append(nb)
+    return out

@@ -1,0 +1,166 @@
+"""Rank-relative actions (`make_view(..., rank=True)`): the policy names the k-th line localize
+listed and the k-th row of a list as its view shows it; logged calls keep the environment's
+numbers. Checked on the structured demonstrator's real episodes and on a real embedded episode."""
+import json
+
+import pytest
+
+from ratchet.policy.action_mask import call_allowed, narrow, structured_tools
+from ratchet.policy.embedded.chat import make_view, policy_view, prepare
+from ratchet.policy.rank_actions import Ranks, rank_actions
+from sandboxes.observations import parse_candidates
+from sandboxes.tools import TOOL_SCHEMAS
+
+pytestmark = pytest.mark.training
+
+TOOLS = structured_tools(TOOL_SCHEMAS)
+
+
+@pytest.fixture(scope="module")
+def demos():
+    from sandboxes.agents import fit_prior, run_agent
+    from sandboxes.humaneval import build_suite
+
+    suite = sorted(build_suite(seed=0, limit=8).tasks, key=lambda b: b.task_id)
+    prior = fit_prior(suite[:20])
+    runs = [run_agent("structured", b, seed=0, prior=prior, max_turns=14) for b in suite[20:26]]
+    return make_view(prior, source="test", rank=True), runs
+
+
+def _calls(msgs):
+    for i, m in enumerate(msgs):
+        for c in m.get("tool_calls") or ():
+            yield i, c["function"]["name"], json.loads(c["function"]["arguments"])
+
+
+def test_every_demonstrated_call_round_trips_and_lies_inside_the_ranked_mask(demos):
+    """env -> rank -> env is the identity on every numbered call of the demonstrations; each call,
+    in ranks, is one the ranked mask offers; each attempt (not an undo) is the first untried row of
+    its line as the view lists it: rank 1 on a fresh list. And the ranked mask offers ranks only."""
+    view, runs = demos
+    numbered = firsts = 0
+    for run in runs:
+        tried: dict = {}
+        undo_next = False
+        for i, name, args in _calls(run.messages):
+            assert call_allowed(run.messages[:i], TOOLS, name, args, view=view), (run.task_id, name, args)
+            ranks = Ranks.of(run.messages[:i], view)
+            r = ranks.to_rank(name, args)
+            assert r is not None and ranks.to_env(name, r) == args
+            if name not in ("propose_edits", "apply_edit"):
+                continue
+            numbered += 1
+            assert 1 <= r["line"] <= len(ranks.lines)
+            offered = {t["function"]["name"]: t["function"]["parameters"]
+                       for t in narrow(run.messages[:i], TOOLS, view=view)}
+            for b in offered[name].get("anyOf", [offered[name]]):
+                assert all(1 <= k <= len(ranks.lines) for k in b["properties"]["line"]["enum"])
+            if name == "apply_edit":
+                if undo_next:
+                    undo_next = False
+                    continue
+                undo_next = True
+                key = (args["path"], args["line"])
+                untried = [k for k in range(1, len(ranks.rows[key]) + 1) if k not in tried.get(key, set())]
+                assert r["index"] == untried[0]
+                firsts += r["index"] == 1
+                tried.setdefault(key, set()).add(r["index"])
+    assert numbered > 15 and firsts >= len(runs)
+
+
+def test_prepare_shows_ranks_and_the_stored_trajectory_keeps_the_environments_numbers(demos):
+    view, runs = demos
+    run = next(r for r in runs if any(n == "apply_edit" and a["index"] != 0 for _, n, a in _calls(r.messages)))
+    before = json.dumps(run.messages)
+    shown = prepare(run.messages, TOOLS, view=view)
+    assert json.dumps(run.messages) == before                  # the log is not touched
+    env_calls = [(n, a) for _, n, a in _calls(run.messages)]
+    ranked = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+              for m in shown if m["role"] == "assistant" for c in m["tool_calls"]]
+    assert [n for n, _ in ranked] == [n for n, _ in env_calls]
+    assert all(m.get("train", True) for m in shown if m["role"] == "assistant")
+    applies = [(a, b) for (n, a), (_, b) in zip(env_calls, ranked) if n == "apply_edit"]
+    assert applies and applies[0][1]["index"] == 1 and any(a["index"] != b["index"] for a, b in applies)
+    # candidate rows are labelled 1..n, and a list's head names the line by its rank on localize
+    tool_texts = [m["content"] for m in shown if m["role"] == "tool"]
+    lists = [t for t in tool_texts if t.startswith("candidates for")]
+    assert lists and all(t.splitlines()[1].startswith("[ 1] ") for t in lists if len(t.splitlines()) > 1)
+    assert all(t.startswith("candidates for 1. ") or t.split(" ", 2)[2][0].isdigit() for t in lists)
+    assert any(t.startswith("applied to ") for t in tool_texts)
+    # the same messages without ranks: the environment's numbers, rows labelled by index
+    plain = prepare(run.messages, TOOLS, view={k: v for k, v in view.items() if k != "actions"})
+    assert [json.loads(c["function"]["arguments"]) for m in plain if m["role"] == "assistant"
+            for c in m["tool_calls"]] == [a for _, a in env_calls]
+
+
+def test_a_call_naming_nothing_listed_does_not_train(demos):
+    view, runs = demos
+    msgs = json.loads(json.dumps(runs[0].messages))
+    i, _, args = next(x for x in _calls(msgs) if x[1] == "propose_edits")
+    msgs[i]["tool_calls"][0]["function"]["arguments"] = json.dumps({**args, "line": 999})
+    shown = prepare(msgs, TOOLS, view=view)
+    assert all(m.get("train", True) for m in shown[:i])
+    assert shown[i].get("train") is False
+    assert json.loads(shown[i]["tool_calls"][0]["function"]["arguments"])["line"] == 999
+
+
+def test_ranks_label_observations_only_in_the_rank_view():
+    cands = "candidates for solution.py:13:\n[4] replace `a` with `b` at column 3 (variable): `b`\n" \
+            "[7] replace `+` with `-` at column 5 (arithmetic): `a - 1`"
+    lines = (("solution.py", 9), ("solution.py", 13))
+    ranked = policy_view(cands, {"actions": "rank"}, lines).splitlines()
+    assert ranked == ["candidates for 2. solution.py: 13:", "[ 1] variable_swap `a` -> `b`",
+                      "[ 2] arithmetic_swap `+` -> `-`"]
+    assert policy_view(cands, None, lines).splitlines()[0] == "candidates for solution.py: 13:"
+    assert policy_view("applied [7] to solution.py:13: `a - 1`", {"actions": "rank"}, lines) == \
+        "applied to 2. solution.py: 13: `a - 1`"
+    assert rank_actions(make_view(None, rank=True)) and not rank_actions(make_view(None))
+    ranks = Ranks()
+    ranks.observe("propose_edits", {"path": "solution.py", "line": 13}, cands)
+    ranks.lines = lines
+    assert ranks.to_env("apply_edit", {"path": "solution.py", "line": 2, "index": 2}) == \
+        {"path": "solution.py", "line": 13, "index": 7}
+    for bad in ({"path": "solution.py", "line": 3, "index": 1}, {"path": "x.py", "line": 2, "index": 1},
+                {"path": "solution.py", "line": 2, "index": 3}, {"path": "solution.py", "line": True, "index": 1}):
+        assert ranks.to_env("apply_edit", bad) is None
+    assert [i for i, _ in parse_candidates(cands)] == [4, 7]         # the env's own text is unchanged
+
+
+def test_a_random_policy_in_ranks_drives_the_real_environment(tokenizer, tiny_model, runtime):
+    """A random embedded model under the ranked mask, through the episode runner and a real
+    sandbox: the environment gets its own numbers (no numbered call answered with an error), the
+    trajectory logs them, and each turn's prompt extends the last (RL trains on the sampled ranks)."""
+    from ratchet.policy.engines.transformers_engine import TransformersPolicy
+    from ratchet.policy.grammar import Bounds
+    from ratchet.policy.runner import Sampling, run_episodes, training_sequence
+    from sandboxes.humaneval import build_suite
+
+    view = make_view(None, rank=True)
+    pol = TransformersPolicy(tiny_model, tokenizer, constrained=True, chat="embedded", action_mask="structured",
+                             grammar={"bounds": Bounds(thought_chars=0)}, view=view, prefix_cache=0)
+    bundles = sorted(build_suite(seed=0, limit=2).tasks, key=lambda b: b.task_id)[:2]
+    recs = run_episodes(pol, [(b, s) for b in bundles for s in (0, 1)], runtime=runtime, max_turns=8,
+                        sampling=Sampling(temperature=1.0, max_tokens=96), concurrency=4)
+    from ratchet.policy.embedded.chat import parse_turn
+
+    numbered = translated = 0
+    for rec in recs:
+        assert rec.outcome != "infra_failure", rec.error
+        turns = iter(rec.turn_records)
+        for i, m in enumerate(rec.messages):
+            if m["role"] != "assistant":
+                continue
+            sampled = parse_turn(tokenizer.decode(next(turns).completion_ids))["tool_calls"]
+            for c, s in zip(m.get("tool_calls") or (), sampled):
+                name, logged = c["function"]["name"], json.loads(c["function"]["arguments"])
+                if name not in ("propose_edits", "apply_edit"):
+                    continue
+                numbered += 1
+                ranks = Ranks.of(rec.messages[:i], view)
+                said = json.loads(s["function"]["arguments"])      # what the model wrote: ranks
+                assert ranks.to_env(name, said) == logged and (logged["path"], logged["line"]) in ranks.lines
+                translated += said != logged
+                answer = next(x for x in rec.messages[i:] if x.get("tool_call_id") == c["id"])
+                assert not answer["content"].startswith("error:"), (logged, answer["content"])
+        assert training_sequence(rec) is not None
+    assert numbered >= 4 and translated >= 1
