@@ -162,9 +162,10 @@ def main(argv=None) -> int:
     ap.add_argument("--hide-task", action="store_true",
                     help="the view names no task (RecipeSettings.hide_task): the policy reads 'Make the failing "
                          "tests pass.' instead of the issue, and no quoted code on localize/apply_edit rows")
-    ap.add_argument("--rank-actions", action="store_true",
+    ap.add_argument("--rank-actions", action=argparse.BooleanOptionalAction, default=True,
                     help="calls name the k-th listed line / candidate row instead of the environment's numbers "
-                         "(RecipeSettings.rank_actions, ratchet.policy.rank_actions)")
+                         "(RecipeSettings.rank_actions, ratchet.policy.rank_actions; on since run 13, "
+                         "--no-rank-actions: runs 1-12)")
     ap.add_argument("--unmasked-logprobs", action="store_true",
                     help="GRPO on the unmasked distribution (the first measured run) instead of the grammar-masked one")
     ap.add_argument("--test-cache", action=argparse.BooleanOptionalAction, default=True,
@@ -184,6 +185,7 @@ def main(argv=None) -> int:
 
     from ratchet.policy.action_mask import structured_tools
     from ratchet.policy.embedded.chat import task_hidden
+    from ratchet.policy.rank_actions import rank_actions
     from ratchet.policy.embedded.corpus import task_texts
     from ratchet.policy.embedded.model import build_base_policy
     from ratchet.policy.embedded.decoding import read_view, write_decoding
@@ -237,7 +239,8 @@ def main(argv=None) -> int:
     # the untrained policy reads the same view as the trained ones (no weights learn from it)
     write_decoding(base, action_mask="structured", bounds=rs.grpo().bounds(), view=view)
     say(f"base_policy {base.name} built in {cpu['base_policy']:.0f} CPU s (train tasks only); view: "
-        f"{'candidates in the prior order' if ordered else 'the environment order'}{', names no task' if hidden else ''}")
+        f"{'candidates in the prior order' if ordered else 'the environment order'}{', names no task' if hidden else ''}"
+        f"{', calls name ranks' if rank_actions(view) else ', calls name env numbers'}")
 
     c = cpu_now()
     # v2: the structured agent follows the mask's attempt structure (no give-up before the turn limit)
@@ -340,7 +343,8 @@ def main(argv=None) -> int:
         "data_cpu_min": round(cpu["data"] / 60, 2), "eval_cpu_min": round(sum(eval_cpu.values()) / 60, 2),
         "val_tasks": len(val), "train_tasks": len(train), "train_trajectories": len(data),
         "rl_tasks": len(curriculum), "sft_steps": res.sft.steps,
-        "view": {"candidates": "prior" if ordered else "env", "task": "hidden" if hidden else "shown", "prior_tasks": len(prior.task_ids),
+        "view": {"candidates": "prior" if ordered else "env", "task": "hidden" if hidden else "shown",
+                 "actions": "rank" if rank_actions(view) else "env", "prior_tasks": len(prior.task_ids),
                  "sft": read_view(res.sft.checkpoint) == view,
                  "rl": read_view(res.rl.checkpoint) == view if res.rl else None}, "rl_steps": len(res.rl.history) if res.rl else 0,
         "rl_history": [{k: h.get(k) for k in ("step", "pass_rate", "reward", "kl", "entropy", "flat_groups")}

@@ -63,8 +63,10 @@ class RecipeSettings:
     # the view names no task (chat.make_view). Off: over 3 recipe seeds its RL - SFT was +1.3
     # [-2.8, +5.4] points (docs/training.md, after run 9): no reliable gain to trade the issue text for
     hide_task: bool = False
-    # rank-relative actions (ratchet.policy.rank_actions): calls name the k-th listed line / row
-    rank_actions: bool = False
+    # rank-relative actions (ratchet.policy.rank_actions): calls name the k-th listed line / row.
+    # On since run 13: SFT 0.361 = the prior harness's 0.367, SFT - random +12.2 [+2.8, +21.7]
+    # (run 11, environment indices: 0.333, +9.4 [0.0, +18.3]; docs/training.md)
+    rank_actions: bool = True
     sft_overrides: dict = field(default_factory=dict)
 
     @classmethod

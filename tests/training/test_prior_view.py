@@ -134,8 +134,11 @@ def test_recipe_view_is_fit_on_train_data_only(runs):
     assert trajectory_prior(rows + rows) == tp                                  # once per task
     assert recipe_view(RecipeSettings(), rows, prior)["prior"]["counts"] == prior.counts
     assert recipe_view(RecipeSettings(), rows)["prior"]["counts"] == tp.counts
-    assert recipe_view(RecipeSettings(prior_view=False), rows, prior) is None
-    assert recipe_view(RecipeSettings(), [{**r, "accepted": False} for r in rows]) is None
+    # no prior order: the view holds only the rank actions (the default), or nothing at all
+    assert recipe_view(RecipeSettings(prior_view=False), rows, prior) == {"actions": "rank"}
+    assert recipe_view(RecipeSettings(), [{**r, "accepted": False} for r in rows]) == {"actions": "rank"}
+    assert recipe_view(RecipeSettings(prior_view=False, rank_actions=False), rows, prior) is None
+    assert recipe_view(RecipeSettings(rank_actions=False), [{**r, "accepted": False} for r in rows]) is None
 
 
 def test_a_view_that_hides_the_task_drops_the_issue_and_the_quoted_code_only():
@@ -170,8 +173,8 @@ def test_a_view_that_hides_the_task_drops_the_issue_and_the_quoted_code_only():
     assert recipe_view(RecipeSettings(hide_task=True), [], PRIOR)["task"] == "hidden"
     assert "task" not in recipe_view(RecipeSettings(), [], PRIOR)
     # without the prior's order (or with a prior that counted nothing) it still hides the task
-    for alone in (recipe_view(RecipeSettings(hide_task=True, prior_view=False), [], PRIOR),
-                  recipe_view(RecipeSettings(hide_task=True), [], Prior.from_counts({}, []))):
+    for alone in (recipe_view(RecipeSettings(hide_task=True, prior_view=False, rank_actions=False), [], PRIOR),
+                  recipe_view(RecipeSettings(hide_task=True, rank_actions=False), [], Prior.from_counts({}, []))):
         assert alone == {"task": "hidden"} and prepare(msgs, None, view=alone)[0]["content"] == TASK_HIDDEN_TEXT
         assert prepare(msgs, None, view=alone)[4]["content"] == policy_view(CANDS)     # the env's order
 
