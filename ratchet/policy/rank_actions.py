@@ -11,9 +11,11 @@ trajectory keep the environment's numbers. Four places meet here: `chat.prepare`
 calls as ranks (so SFT trains on, and every prompt shows, the numbers the policy writes),
 `chat.policy_view` labels the observations with ranks, `action_mask.narrow` offers ranks, and the
 transformers engine turns a generated call back into the environment's numbers before the episode
-runner sees it. A rank always refers to the latest listing: localize's last answer for lines, the
-line's last `propose_edits` answer for rows (the mask offers a row only while that listing still
-describes the file, so the two agree).
+runner sees it. Lines are ranked by localize's last answer; rows by the line's list that describes
+the file as it reads now, tracked exactly as the mask tracks it (`action_mask.episode_state`): a
+list shown on the clean file is valid again whenever the file is clean again (after an undo), one
+shown after an edit until the next edit. So after a failed attempt and its undo, rank 2 is the
+second row of the list the first attempt came from, not of the list the undo was read from.
 
 Why: with the view in the prior's order, "apply the first listed row" IS the prior harness, and
 SFT trained on 55 demonstrations of exactly that rule did not learn it on 164 problems (learning
@@ -61,12 +63,25 @@ def _int(v) -> int | None:
 
 
 class Ranks:
-    """What ranks mean at one point of an episode: localize's lines and each line's latest list."""
+    """What ranks mean at one point of an episode: localize's lines and each line's valid list."""
 
     def __init__(self, view: dict | None = None):
         self.view_key = json.dumps(view) if view else ""
         self.lines: tuple = ()
-        self.rows: dict = {}
+        self._lists: dict = {}      # ((path, line), tag) -> env indices in view order
+        self._code: dict = {}       # line -> its code as localize showed it
+        self._dirty: set = set()    # lines that no longer read as localize showed them
+        self._applies = 0
+
+    def _tag(self):
+        # as episode_state: "clean" while every line reads as localize showed it, else the edit count
+        return "clean" if not self._dirty else self._applies
+
+    @property
+    def rows(self) -> dict:
+        """(path, line) -> env indices in view order, for the lists that describe the file now."""
+        tag = self._tag()
+        return {key: rows for (key, t), rows in self._lists.items() if t == tag}
 
     @classmethod
     def of(cls, messages: list[dict], view: dict | None = None) -> "Ranks":
@@ -79,16 +94,22 @@ class Ranks:
 
     def observe(self, name: str, args: dict, obs: str) -> None:
         """One answered call (its arguments as the environment got them)."""
-        from sandboxes.observations import is_error
+        from sandboxes.agents.prior import localized_code
+        from sandboxes.observations import is_error, parse_applied
 
         if is_error(obs):
             return
         if name == "localize":
-            self.lines = _localized(obs)
+            self.lines, self._code = _localized(obs), localized_code(obs)
         elif name == "propose_edits":
             key = (args.get("path"), _int(args.get("line")))
             if None not in key:
-                self.rows[key] = _rows(obs, self.view_key)
+                self._lists[(key, self._tag())] = _rows(obs, self.view_key)
+        elif name == "apply_edit":
+            a = parse_applied(obs)
+            if a is not None:
+                self._applies += 1
+                (self._dirty.discard if self._code.get(a.line) == a.text else self._dirty.add)(a.line)
 
     def line_rank(self, path, line) -> int | None:
         try:
@@ -96,8 +117,11 @@ class Ranks:
         except ValueError:
             return None
 
+    def _listed(self, key) -> tuple:
+        return self._lists.get((key, self._tag()), ())
+
     def index_rank(self, path, line, index) -> int | None:
-        rows = self.rows.get((path, line), ())
+        rows = self._listed((path, line))
         return rows.index(index) + 1 if index in rows else None
 
     def to_rank(self, name: str, args: dict) -> dict | None:
@@ -126,7 +150,7 @@ class Ranks:
         line = self.lines[k - 1][1]
         out = {**args, "line": line}
         if name == "apply_edit":
-            i, rows = _int(args.get("index")), self.rows.get((path, line), ())
+            i, rows = _int(args.get("index")), self._listed((path, line))
             if i is None or not 1 <= i <= len(rows):
                 return None
             out["index"] = rows[i - 1]

@@ -68,6 +68,37 @@ def test_every_demonstrated_call_round_trips_and_lies_inside_the_ranked_mask(dem
     assert numbered > 15 and firsts >= len(runs)
 
 
+def test_after_an_undo_ranks_name_the_rows_of_the_list_the_attempt_came_from(demos):
+    """A failed attempt is undone through a list read on the edited line; once the file is clean
+    again, ranks refer to the clean file's list again (as the mask's lists do): the demonstrator's
+    next attempt on the same line is its next row, rank 2, and maps back to that list's index."""
+    from ratchet.policy.embedded.chat import order_candidates
+
+    view, runs = demos
+    seconds = 0
+    for run in runs:
+        first, undo_next, clean_list, n = None, False, {}, 0
+        for i, name, args in _calls(run.messages):
+            if name == "propose_edits" and first is None:
+                obs = next(m for m in run.messages[i:] if m["role"] == "tool")["content"]
+                clean_list.setdefault((args["path"], args["line"]), [j for j, _ in order_candidates(parse_candidates(obs), view)])
+            if name != "apply_edit":
+                continue
+            if undo_next:
+                undo_next = False
+                continue
+            undo_next, n = True, n + 1
+            key = (args["path"], args["line"])
+            r = Ranks.of(run.messages[:i], view).to_rank(name, args)
+            if key in clean_list:
+                assert r["index"] == clean_list[key].index(args["index"]) + 1
+            if n == 2 and first == key:
+                seconds += 1
+                assert r["index"] == 2, (run.task_id, args, r)
+            first = key if first is None else first
+    assert seconds >= 1
+
+
 def test_prepare_shows_ranks_and_the_stored_trajectory_keeps_the_environments_numbers(demos):
     view, runs = demos
     run = next(r for r in runs if any(n == "apply_edit" and a["index"] != 0 for _, n, a in _calls(r.messages)))
@@ -104,6 +135,55 @@ def test_a_call_naming_nothing_listed_does_not_train(demos):
     assert json.loads(shown[i]["tool_calls"][0]["function"]["arguments"])["line"] == 999
 
 
+def _call(i, name, args):
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+
+
+def _answer(i, name, text):
+    return {"role": "tool", "tool_call_id": f"c{i}", "name": name, "content": text}
+
+
+def test_after_an_undo_a_rank_names_the_clean_files_row_not_the_undo_lists():
+    """The list read on the edited line (to find the undo) orders its rows otherwise; once the undo
+    makes the file clean, rank 2 is again the clean list's second row (what the mask offers)."""
+    from sandboxes.agents.prior import Prior
+
+    view = make_view(Prior.from_counts({"comparison_swap": 5, "variable_swap": 1}, ["t"]), source="t", rank=True)
+    p = {"path": "solution.py", "line": 5}
+    msgs = [{"role": "user", "content": "fix"},
+            _call(0, "localize", {"top": 10}),
+            _answer(0, "localize", "suspicious lines (ochiai; 1 failing test(s)):\n"
+                                   " 1. solution.py:5  score=0.577  | return a < b"),
+            _call(1, "propose_edits", p),
+            _answer(1, "propose_edits", "candidates for solution.py:5:\n"
+                    "[0] replace `a` with `b` at column 8 (variable): `return b < b`\n"
+                    "[1] replace `<` with `<=` at column 10 (comparison): `return a <= b`\n"
+                    "[2] replace `b` with `a` at column 12 (variable): `return a < a`"),
+            _call(2, "apply_edit", {**p, "index": 1}),
+            _answer(2, "apply_edit", "applied [1] to solution.py:5: `return a <= b`"),
+            _call(3, "run_tests", {}),
+            _answer(3, "run_tests", "1 failed, 2 passed\nFAILED tests/test_x.py::test_a"),
+            _call(4, "propose_edits", p),
+            _answer(4, "propose_edits", "candidates for solution.py:5:\n"
+                    "[0] replace `<=` with `<` at column 10 (comparison): `return a < b`\n"
+                    "[1] replace `a` with `b` at column 8 (variable): `return b <= b`\n"
+                    "[2] replace `b` with `a` at column 13 (variable): `return a <= a`"),
+            _call(5, "apply_edit", {**p, "index": 0}),
+            _answer(5, "apply_edit", "applied [0] to solution.py:5: `return a < b`")]
+    r = Ranks.of(msgs, view)
+    # the clean list in the prior's order: [1] comparison, [0] variable, [2] variable
+    assert r.rows[("solution.py", 5)] == (1, 0, 2)
+    assert r.to_env("apply_edit", {**p, "line": 1, "index": 2}) == {**p, "index": 0}
+    assert r.to_rank("apply_edit", {**p, "index": 2}) == {**p, "line": 1, "index": 3}
+    # while the file was edited, the undo list ruled (env order here: its comparison row is [0])
+    mid = Ranks.of(msgs[:-2], view)
+    assert mid.rows[("solution.py", 5)] == (0, 1, 2) and mid.to_rank("apply_edit", {**p, "index": 0})["index"] == 1
+    offered = {t["function"]["name"]: t["function"]["parameters"] for t in narrow(msgs, TOOLS, view=view)}
+    # the mask offers the clean list's untried rows 2 and 3 (row 1, index 1, was tried)
+    assert offered["apply_edit"]["properties"]["index"]["enum"] == [2, 3]
+
+
 def test_ranks_label_observations_only_in_the_rank_view():
     cands = "candidates for solution.py:13:\n[4] replace `a` with `b` at column 3 (variable): `b`\n" \
             "[7] replace `+` with `-` at column 5 (arithmetic): `a - 1`"
@@ -115,6 +195,12 @@ def test_ranks_label_observations_only_in_the_rank_view():
     assert policy_view("applied [7] to solution.py:13: `a - 1`", {"actions": "rank"}, lines) == \
         "applied to 2. solution.py: 13: `a - 1`"
     assert rank_actions(make_view(None, rank=True)) and not rank_actions(make_view(None))
+    # localize rows: the SBFL tier (equal scores share one) instead of the score, with ranks only
+    loc = ("suspicious lines (ochiai; 1 failing test(s)):\n 1. solution.py:13  score=0.577  | a + 1\n"
+           " 2. solution.py:9  score=0.577  | b\n 3. solution.py:4  score=0.408  | c")
+    assert policy_view(loc, {"actions": "rank"}).splitlines()[1:] == [
+        " 1. solution.py: 13 tier 1 | a + 1", " 2. solution.py: 9 tier 1 | b", " 3. solution.py: 4 tier 2 | c"]
+    assert "score=0.577" in policy_view(loc) and "tier" not in policy_view(loc)
     ranks = Ranks()
     ranks.observe("propose_edits", {"path": "solution.py", "line": 13}, cands)
     ranks.lines = lines

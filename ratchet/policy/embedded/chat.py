@@ -196,6 +196,18 @@ def _line_label(path: str, line: str, lines: tuple | None) -> str:
     return f"{k}. {path}: {line}" if k else f"{path}: {line}"
 
 
+def _tiers(text: str) -> dict:
+    """Localize row -> its tier: 1 for the rows of the top score, +1 at each change of score."""
+    out, last, t = {}, None, 0
+    for row in text.split("\n"):
+        m = _LOC_ROW.match(row)
+        if m:
+            t += m.group(4) != last
+            last = m.group(4)
+            out[row] = t
+    return out
+
+
 def policy_view(text: str, view: dict | None = None, lines: tuple | None = None) -> str:
     """A tool observation as the embedded policy reads it (see above); other text unchanged.
     `view`: a checkpoint's view setting (`make_view`): candidate lists in the prior's order, and
@@ -205,10 +217,15 @@ def policy_view(text: str, view: dict | None = None, lines: tuple | None = None)
 
     out, hide, rank = [], task_hidden(view), rank_actions(view)
     lines = lines if rank else None
+    tiers = _tiers(text) if rank else {}
     for row in _ordered_rows(text.split("\n"), view):
         m = _LOC_ROW.match(row)
         if m:
-            row = f"{m.group(1)}{m.group(2)}: {m.group(3)} score={m.group(4)}" + ("" if hide else f" | {m.group(5)}")
+            # with ranks: the row's SBFL tier instead of its score (rows of equal score share a
+            # tier; 1 = the most suspicious), the one thing about the score the demonstrator uses
+            # (it lists a whole tier, then attempts): a small label, not a decimal to compare
+            rank_of = f"tier {tiers[row]}" if rank else f"score={m.group(4)}"
+            row = f"{m.group(1)}{m.group(2)}: {m.group(3)} {rank_of}" + ("" if hide else f" | {m.group(5)}")
         elif (m := _CAND_HEAD.match(row)):
             row = f"{m.group(1)} {_line_label(m.group(2), m.group(3), lines)}{m.group(4)}"
         elif (m := _CAND_ROW.match(row)):
