@@ -148,29 +148,29 @@ def test_after_an_undo_a_rank_names_the_clean_files_row_not_the_undo_lists():
     """The list read on the edited line (to find the undo) orders its rows otherwise; once the undo
     makes the file clean, rank 2 is again the clean list's second row (what the mask offers)."""
     from sandboxes.agents.prior import Prior
+    from sandboxes.observations import format_applied, format_candidates, format_localize
 
     view = make_view(Prior.from_counts({"comparison_swap": 5, "variable_swap": 1}, ["t"]), source="t", rank=True)
     p = {"path": "solution.py", "line": 5}
+    clean = ["replace `a` with `b` at column 8 (variable): `return b < b`",
+             "replace `<` with `<=` at column 10 (comparison): `return a <= b`",
+             "replace `b` with `a` at column 12 (variable): `return a < a`"]
+    edited = ["replace `<=` with `<` at column 10 (comparison): `return a < b`",   # the undo, in env order first
+              "replace `a` with `b` at column 8 (variable): `return b <= b`",
+              "replace `b` with `a` at column 13 (variable): `return a <= a`"]
     msgs = [{"role": "user", "content": "fix"},
             _call(0, "localize", {"top": 10}),
-            _answer(0, "localize", "suspicious lines (ochiai; 1 failing test(s)):\n"
-                                   " 1. solution.py:5  score=0.577  | return a < b"),
+            _answer(0, "localize", format_localize("ochiai", 1, [("solution.py", 5, 0.577, "return a < b")])),
             _call(1, "propose_edits", p),
-            _answer(1, "propose_edits", "candidates for solution.py:5:\n"
-                    "[0] replace `a` with `b` at column 8 (variable): `return b < b`\n"
-                    "[1] replace `<` with `<=` at column 10 (comparison): `return a <= b`\n"
-                    "[2] replace `b` with `a` at column 12 (variable): `return a < a`"),
+            _answer(1, "propose_edits", format_candidates("solution.py", 5, list(enumerate(clean)))),
             _call(2, "apply_edit", {**p, "index": 1}),
-            _answer(2, "apply_edit", "applied [1] to solution.py:5: `return a <= b`"),
+            _answer(2, "apply_edit", format_applied(1, "solution.py", 5, "return a <= b")),
             _call(3, "run_tests", {}),
             _answer(3, "run_tests", "1 failed, 2 passed\nFAILED tests/test_x.py::test_a"),
             _call(4, "propose_edits", p),
-            _answer(4, "propose_edits", "candidates for solution.py:5:\n"
-                    "[0] replace `<=` with `<` at column 10 (comparison): `return a < b`\n"
-                    "[1] replace `a` with `b` at column 8 (variable): `return b <= b`\n"
-                    "[2] replace `b` with `a` at column 13 (variable): `return a <= a`"),
+            _answer(4, "propose_edits", format_candidates("solution.py", 5, list(enumerate(edited)))),
             _call(5, "apply_edit", {**p, "index": 0}),
-            _answer(5, "apply_edit", "applied [0] to solution.py:5: `return a < b`")]
+            _answer(5, "apply_edit", format_applied(0, "solution.py", 5, "return a < b"))]
     r = Ranks.of(msgs, view)
     # the clean list in the prior's order: [1] comparison, [0] variable, [2] variable
     assert r.rows[("solution.py", 5)] == (1, 0, 2)
