@@ -43,7 +43,6 @@ def call_allowed(messages: list[dict], tools: list[dict], name: str, arguments: 
                  view: dict | None = None) -> bool:
     """Whether the call lies inside this turn's mask (used to check demonstrations)."""
     from ratchet.policy.grammar import arguments_valid
-
     from ratchet.policy.rank_actions import Ranks, rank_actions
 
     if rank_actions(view):          # `arguments` are the environment's: the mask offers ranks
@@ -183,6 +182,7 @@ def narrow(messages: list[dict], tools: list[dict], *, view: dict | None = None)
       turns are used, when nothing else is left (every line listed, every candidate tried), or when
       an edit could not be undone (then the pre-mask options stay open too).
     At least one tool is always offered."""
+    from ratchet.policy.rank_actions import Ranks, rank_actions, rank_schemas
     from sandboxes.agents.prior import NO_FIX, short_explanation
 
     st = episode_state(messages)
@@ -210,8 +210,6 @@ def narrow(messages: list[dict], tools: list[dict], *, view: dict | None = None)
         out = one("apply_edit", {"path": enum([p]), "line": enum([ln]), "index": enum([st["undo"]])})
     else:
         out = _open_choices(st, by_name, fallback=st["pending"] is not None or not st["clean"], view=view)
-    from ratchet.policy.rank_actions import Ranks, rank_actions, rank_schemas
-
     if rank_actions(view):          # the same choices, named by rank (ratchet.policy.rank_actions)
         out = rank_schemas(out, Ranks.of(messages, view))
     if not out:      # nothing left to try (or localize failed every time): let the episode end

@@ -26,6 +26,7 @@ right, which did not carry to new problems. In ranks the rule is one constant to
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 
@@ -158,8 +159,10 @@ class Ranks:
 
 
 def env_calls(calls: list, messages: list[dict], view: dict | None) -> list:
-    """A generated turn's ToolCalls with their ranks turned into the environment's numbers (a call
-    that names nothing listed goes as written: the environment answers it with an error)."""
+    """A generated turn's ToolCalls with their ranks turned into the environment's numbers. A rank
+    that names nothing listed (only possible without the mask) is never sent as a number, which
+    the environment would read as a real line or index: it goes wrapped under `unlisted_rank`, an
+    argument the environment rejects with an error, so the turn is spent and nothing is edited."""
     from ratchet.policy.base import ToolCall
 
     if not rank_actions(view) or not any(c.name in NUMBERED for c in calls):
@@ -167,8 +170,11 @@ def env_calls(calls: list, messages: list[dict], view: dict | None) -> list:
     ranks = Ranks.of(messages, view)
     out = []
     for c in calls:
-        env = ranks.to_env(c.name, c.arguments) if c.name in NUMBERED and c.arguments is not None else None
-        out.append(ToolCall.from_raw(c.name, json.dumps(env), c.id) if env is not None else c)
+        if c.name not in NUMBERED or c.arguments is None:
+            out.append(c)
+            continue
+        env = ranks.to_env(c.name, c.arguments)
+        out.append(ToolCall.from_raw(c.name, json.dumps(env if env is not None else {"unlisted_rank": c.arguments}), c.id))
     return out
 
 
@@ -184,7 +190,6 @@ def rank_schemas(schemas: list[dict], ranks: Ranks) -> list[dict]:
         params = fn["parameters"]
         branches = [b for b in (params.get("anyOf") or [params]) for b in _rank_branch(fn["name"], b, ranks)]
         if branches:
-            import copy
             t = copy.deepcopy(t)
             (t.get("function") or t)["parameters"] = branches[0] if len(branches) == 1 else {"anyOf": branches}
             out.append(t)

@@ -212,6 +212,31 @@ def test_ranks_label_observations_only_in_the_rank_view():
     assert [i for i, _ in parse_candidates(cands)] == [4, 7]         # the env's own text is unchanged
 
 
+def test_a_generated_rank_that_names_nothing_is_never_sent_as_a_number():
+    """Without the mask a model could write a rank past the list; the environment would read it as
+    a real line (line 3 exists in most files): it is sent wrapped, and the environment refuses it."""
+    from ratchet.policy.base import ToolCall
+    from ratchet.policy.rank_actions import env_calls
+    from sandboxes.observations import format_candidates, format_localize
+    from sandboxes.tools import ToolError, check_arguments
+
+    view = make_view(None, rank=True)
+    msgs = [{"role": "user", "content": "fix"}, _call(0, "localize", {"top": 10}),
+            _answer(0, "localize", format_localize("ochiai", 1, [("solution.py", 9, 0.5, "x = 1")])),
+            _call(1, "propose_edits", {"path": "solution.py", "line": 9}),
+            _answer(1, "propose_edits", format_candidates("solution.py", 9, [(0, "replace `1` with `2` at column 5 "
+                                                                              "(constant): `x = 2`")]))]
+    good, past_lines, past_rows = env_calls([
+        ToolCall.from_raw("apply_edit", {"path": "solution.py", "line": 1, "index": 1}),
+        ToolCall.from_raw("propose_edits", {"path": "solution.py", "line": 3}),
+        ToolCall.from_raw("apply_edit", {"path": "solution.py", "line": 1, "index": 2})], msgs, view)
+    assert good.arguments == {"path": "solution.py", "line": 9, "index": 0}
+    for c in (past_lines, past_rows):
+        assert list(c.arguments) == ["unlisted_rank"]
+        with pytest.raises(ToolError):
+            check_arguments(c.name, c.arguments)
+
+
 def test_a_random_policy_in_ranks_drives_the_real_environment(tokenizer, tiny_model, runtime):
     """A random embedded model under the ranked mask, through the episode runner and a real
     sandbox: the environment gets its own numbers (no numbered call answered with an error), the
