@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     ap.add_argument("--pool", nargs="+", default=None, metavar="DIR",
                     help="pool the per-task SFT and RL rates of these outputs (no training)")
+    ap.add_argument("--problems", type=int, default=40,
+                    help="the --problems of the learning run in --run (0: all 164)")
     ap.add_argument("--curriculum", choices=("solved", "train"), default="solved")
     ap.add_argument("--updates-per-step", type=int, default=1)
     ap.add_argument("--steps", type=int, default=14)
@@ -76,8 +78,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True)
     t0 = time.monotonic()
     say = lambda s: print(f"[{time.monotonic() - t0:6.0f}s] {s}", flush=True)   # noqa: E731
-    # bench/learning.py's default split and samples (problems 40, 124 train tasks, 60 validation)
-    tasks = sorted(build_suite(seed=0, limit=40).tasks, key=lambda b: b.task_id)
+    # bench/learning.py's split and samples (124 train tasks, 60 validation) on the run's problems
+    tasks = sorted(build_suite(seed=0, limit=a.problems or None).tasks, key=lambda b: b.task_id)
     train = [b for b in tasks if L.problem_number(b) % 2 == 0]
     val = random.Random(0).sample([b for b in tasks if L.problem_number(b) % 2 == 1], 60)[:a.limit]
     train_used = random.Random(1).sample(train, 124)
