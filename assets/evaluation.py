@@ -14,6 +14,7 @@ from typing import Optional
 import dagster as dg
 
 from assets import OWNERS, table_metadata
+from ratchet.policy.runner import TURN_BUDGET
 from resources import MlflowTracking, WarehouseResource
 
 POLICIES = dg.DynamicPartitionsDefinition(name="policies")
@@ -57,6 +58,9 @@ class HoldoutEvalConfig(dg.Config):
     chunk: Optional[int] = None           # learned policies: episodes per pool job (default runner.CHUNK)
     concurrency: Optional[int] = None     # learned policies: episodes open at once per job (runner.CONCURRENCY)
     test_cache: bool = True               # reuse test results an exact repeat of a run gives (sandboxes.result_cache)
+    # Turns per episode, for every policy: the budget the embedded recipe trains under
+    # (ratchet.policy.runner.TURN_BUDGET); 0 = each task's own limit. Part of the environment digest.
+    max_turns: int = TURN_BUDGET
 
 
 def _judge_name(config) -> str:
@@ -93,7 +97,8 @@ def holdout_eval(context: dg.AssetExecutionContext, config: HoldoutEvalConfig,
                               rate_card=_card(config.rate_card_path),
                               policy_kwargs=json.loads(config.policy_kwargs_json),
                               retry_infra=config.retry_infra, run_tag=context.run_id,
-                              chunk=config.chunk, concurrency=config.concurrency, test_cache=config.test_cache)
+                              chunk=config.chunk, concurrency=config.concurrency, test_cache=config.test_cache,
+                              max_turns=config.max_turns)
     context.log.info(f"{policy_id} seed {seed}: {res['display']} ({res['ran']} run, {res['skipped']} resumed)")
     # An improvement cycle tags its eval runs with its candidate: that event asks for a promotion.
     cand = {} if context.run.tags.get("ratchet/candidate") != policy_id else {
@@ -110,7 +115,7 @@ def holdout_eval(context: dg.AssetExecutionContext, config: HoldoutEvalConfig,
         "pass_rate": dg.MetadataValue.float(res["pass_rate"]) if res["pass_rate"] is not None else "not computable",
         "denominator": res["display"], "ran": res["ran"], "resumed_skipped": res["skipped"],
         "wall_s": round(res["wall_s"], 1), "workers": res["workers"], "holdout_sha256": res["holdout_sha256"],
-        "task_limit": config.task_limit or 0, "eval_run_id": res["eval_run_id"], "judge": _judge_name(config),
+        "task_limit": config.task_limit or 0, "max_turns": res["max_turns"], "eval_run_id": res["eval_run_id"], "judge": _judge_name(config),
         "dagster/row_count": res["episodes"]})
 
 

@@ -52,6 +52,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ratchet.policy.runner import TURN_BUDGET  # noqa: E402
+
 POLICIES = {"sbfl": "harness:sbfl", "embedded": "embedded:bench"}
 CACHE = Path(tempfile.gettempdir()) / "ratchet-bench-eval-base"
 
@@ -97,7 +99,7 @@ def base_policy(suite, holdout_ids: set, n_train: int = 200) -> Path:
     return path
 
 
-def run(wh, path, policy_id, seeds, workers, task_limit=None, progress=False, store=True, **kw):
+def run(wh, path, policy_id, seeds, workers, task_limit=None, progress=False, store=True, max_turns=None, **kw):
     """One evaluate() over the locked holdout; store=False keeps rows in memory only (nothing is
     skipped as done, nothing written): the baseline samples re-run episodes of the full run."""
     from ratchet.evaluation import tables
@@ -105,7 +107,7 @@ def run(wh, path, policy_id, seeds, workers, task_limit=None, progress=False, st
 
     with wh.connect() as con:
         tables.ensure(con)
-        plan = holdout_plan(con, path, task_limit=task_limit)
+        plan = holdout_plan(con, path, task_limit=task_limit, max_turns=max_turns)
     done, store_rows = warehouse_sink(wh) if store else (None, None)
     cpu0, busy0 = _cpu(), _machine_busy()
     t0 = time.monotonic()
@@ -171,6 +173,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--concurrency", type=int, default=None,
                     help="embedded: episodes open at once per job (default runner.CONCURRENCY)")
     ap.add_argument("--sample-seed", type=int, default=0)
+    ap.add_argument("--max-turns", type=int, default=TURN_BUDGET,
+                    help="turn budget per episode, as holdout_eval's default (0: the tasks' own limit, 30)")
     ap.add_argument("--no-test-cache", action="store_true",
                     help="make every sandbox test run (the holdout_eval default reuses exact repeats: "
                          "sandboxes.result_cache); the baseline samples never use the cache")
@@ -185,7 +189,7 @@ def main(argv=None) -> dict:
     load0 = os.getloadavg()[0]           # the machine is shared: say how busy it was
     t_start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     seeds = list(range(a.seeds))
-    kw, ckpt, sampling = {}, None, None
+    kw, ckpt, sampling = {"max_turns": a.max_turns}, None, None
     with tempfile.TemporaryDirectory(prefix="ratchet-bench-eval-") as tmp:
         os.environ["RATCHET_HOME"] = tmp
         wh, path, tasks = setup(Path(tmp), a.tasks, a.sample_seed, suite)
@@ -196,7 +200,7 @@ def main(argv=None) -> dict:
             if a.temperature is not None:
                 sampling = {"temperature": a.temperature, "max_tokens": 256}
                 pk["sampling"] = sampling
-            kw = {"policy_kwargs": pk, "chunk": a.chunk, "concurrency": a.concurrency or CONCURRENCY}
+            kw = {**kw, "policy_kwargs": pk, "chunk": a.chunk, "concurrency": a.concurrency or CONCURRENCY}
         from ratchet.evaluation.runner import test_cache_file
         cache = None if a.no_test_cache else test_cache_file(tmp)     # starts empty: a cold run
         res, wall = run(wh, path, policy_id, seeds, a.workers, progress=True, test_cache=cache, **kw)
@@ -213,8 +217,8 @@ def main(argv=None) -> dict:
         else:
             # one at a time in one process vs the pool on the same subset (fresh seeds, so nothing
             # is resumed; the SBFL harness does the same work per seed)
-            bres, bwall = run(wh, path, policy_id, [a.seeds + 100], 1, task_limit=b)
-            pres, pwall = run(wh, path, policy_id, [a.seeds + 101], a.workers, task_limit=b)
+            bres, bwall = run(wh, path, policy_id, [a.seeds + 100], 1, task_limit=b, **kw)
+            pres, pwall = run(wh, path, policy_id, [a.seeds + 101], a.workers, task_limit=b, **kw)
     full = 400 * 3
     measured_full = a.tasks >= 400 and a.seeds >= 3
     wall_full = wall if measured_full else wall / n * full
@@ -297,7 +301,7 @@ def main(argv=None) -> dict:
         "latency_p50_s": round(lat[len(lat) // 2], 2), "latency_p95_s": round(lat[int(len(lat) * 0.95)], 2),
         "latency_max_s": round(lat[-1], 2), "episodes_over_5s": sum(x > 5 for x in lat),
         "test_cpu_s": tasks[0].limits.test_cpu_s, "wall_s_limit": tasks[0].limits.wall_s,
-        "max_turns": tasks[0].limits.max_turns,
+        "max_turns": min(a.max_turns or tasks[0].limits.max_turns, tasks[0].limits.max_turns),
         "environment": tasks[0].metadata.get("generator", {}).get("version"),
         "loadavg_1m_start": round(load0, 2), "loadavg_1m_end": round(os.getloadavg()[0], 2)})
     print(f"holdout evaluation: {policy_id} ({out['policy_note']}), {len(tasks)} tasks x {a.seeds} seeds = "

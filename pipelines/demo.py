@@ -22,6 +22,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from ratchet.policy.runner import TURN_BUDGET
+
 QUICK = {"problems": 12, "tasks": 16, "eval_tasks": 4}
 # The agents' logs are sized for the candidate's training data. Measured at 360 tasks (a clean
 # clone, 2026-12-01): the largest tenant had 36 consented, accepted train-split trajectories, 21 of
@@ -106,7 +108,8 @@ def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: in
         n = size["eval_tasks"]
         scope = "the reference workload" if n >= 400 else \
             "the demo's smaller holdout; the reference workload, 400 x 3: ratchet demo --full"
-        _say(f"evaluating {', '.join(DEMO_POLICIES)} x 3 seeds on the first {n} locked holdout tasks ({scope})")
+        _say(f"evaluating {', '.join(DEMO_POLICIES)} x 3 seeds on the first {n} locked holdout tasks ({scope}), "
+             f"<= {TURN_BUDGET} turns an episode for every policy (the training budget)")
         ok = run_evaluation(instance, defs.resources, policies=DEMO_POLICIES,
                             holdout_config={"task_limit": n}, log=_say, tags=tags, report=not train)
         if not ok:

@@ -30,17 +30,20 @@ def split_policy(policy_id: str) -> str:
 def run_holdout_eval(wh, manifest_path, policy_id: str, seed: int, *, workers: int | None = None,
                      task_limit: int | None = None, judge: dict | None = None, rate_card=None,
                      policy_kwargs: dict | None = None, retry_infra: bool = False, run_tag: str = "",
-                     chunk: int | None = None, concurrency: int | None = None, test_cache: bool = True) -> dict:
+                     chunk: int | None = None, concurrency: int | None = None, test_cache: bool = True,
+                     max_turns: int | None = None) -> dict:
     """Verify the manifest, run the policy on every holdout task for one seed (resuming), and
     report this seed's figures over all its stored rows. `test_cache`: reuse sandbox test results
-    that an exact repeat of a run would give (`sandboxes.result_cache`, `runner.test_cache_file`)."""
+    that an exact repeat of a run would give (`sandboxes.result_cache`, `runner.test_cache_file`).
+    `max_turns`: the turn budget (`runner.with_turn_budget`; None: each task's own limit); the
+    seed's figures count only rows under this budget's digests."""
     from ratchet.evaluation.runner import evaluate, holdout_plan, test_cache_file
     from ratchet.evaluation.stats import task_outcomes
     from ratchet.evaluation.summary import display
 
     with wh.connect() as con:
         tables.ensure(con)
-        plan = holdout_plan(con, manifest_path, task_limit=task_limit)   # ManifestError: refuse
+        plan = holdout_plan(con, manifest_path, task_limit=task_limit, max_turns=max_turns)   # ManifestError: refuse
 
     def done(ids):
         with wh.connect() as con:
@@ -56,10 +59,11 @@ def run_holdout_eval(wh, manifest_path, policy_id: str, seed: int, *, workers: i
                    **({"concurrency": concurrency} if concurrency else {}),
                    test_cache=test_cache_file() if test_cache else None,
                    eval_run_id=f"{run_tag}:{policy_id}:{seed}" if run_tag else None)
-    ids = {b.task_id for b in plan.bundles}
+    digests = plan.task_digests()
     with wh.connect() as con:
         rows = [r for r in tables.episode_rows(con, policy_id, "seed = ? AND holdout_sha256 = ?",
-                                               [seed, plan.holdout_sha256]) if r["task_id"] in ids]
+                                               [seed, plan.holdout_sha256])
+                if digests.get(r["task_id"]) == r["environment_digest"]]
     out = task_outcomes(rows)
     scored = [v for v in out.values() if v is not None]
     return {"checkpoint_version": version, "episodes": len(rows), "passed": sum(scored),
@@ -67,7 +71,8 @@ def run_holdout_eval(wh, manifest_path, policy_id: str, seed: int, *, workers: i
             "pass_rate": sum(scored) / len(scored) if scored else None,
             "display": display(sum(scored), len(scored), len(out) - len(scored)),
             "ran": len(run.rows), "skipped": run.skipped, "wall_s": run.wall_s, "workers": run.workers,
-            "holdout_sha256": plan.holdout_sha256, "eval_run_id": run.eval_run_id}
+            "holdout_sha256": plan.holdout_sha256, "eval_run_id": run.eval_run_id,
+            "max_turns": plan.max_turns or 0}
 
 
 def current_episodes(con, manifest_path) -> tuple[list[dict], int]:

@@ -27,13 +27,32 @@ class HoldoutPlan:
     holdout_sha256: str
     manifest_version: int
     missing: list[str] = field(default_factory=list)   # manifest ids absent from the tasks table
+    max_turns: int | None = None       # the turn budget applied (None: each task's own limit)
+
+    def task_digests(self) -> dict[str, str]:
+        """task_id -> the environment digest its episodes run under (the budget is part of it)."""
+        return {b.task_id: b.environment_digest for b in self.bundles}
 
 
-def holdout_plan(con, manifest_path: str | Path, *, task_limit: int | None = None) -> HoldoutPlan:
+def with_turn_budget(bundle, max_turns: int | None):
+    """The bundle with its turn limit lowered to `max_turns` (None / 0 / a larger budget: as it
+    is). The limit is part of the environment digest, so episodes run under another budget are
+    other episodes (their own eval ids) and never compared with these (the promotion gate compares
+    per-task digests)."""
+    from dataclasses import replace
+
+    if not max_turns or max_turns >= bundle.limits.max_turns:
+        return bundle
+    return replace(bundle, limits=replace(bundle.limits, max_turns=int(max_turns)))
+
+
+def holdout_plan(con, manifest_path: str | Path, *, task_limit: int | None = None,
+                 max_turns: int | None = None) -> HoldoutPlan:
     """The locked holdout's bundles, after verifying the manifest file against the warehouse
     (`ratchet.governance.holdout.holdout_state`: a tampered, missing or unlocked manifest raises
     ManifestError). Refuses when a manifest task has no bundle in `tasks` (the holdout would be
-    evaluated partially). `task_limit` takes the first N by task id (quick runs; recorded)."""
+    evaluated partially). `task_limit` takes the first N by task id (quick runs; recorded);
+    `max_turns` lowers every task's turn budget (`with_turn_budget`)."""
     import json
 
     from ratchet.evaluation.tables import fetch
@@ -61,8 +80,11 @@ def holdout_plan(con, manifest_path: str | Path, *, task_limit: int | None = Non
                             f"tasks table (e.g. {missing[:3]}): refusing to evaluate part of the holdout")
     verify_manifest(m, expected_ids=sorted(found))
     ids = sorted(found)[:task_limit] if task_limit else sorted(found)
-    bundles = [TaskBundle.from_dict(json.loads(found[t]) if isinstance(found[t], str) else found[t]) for t in ids]
-    return HoldoutPlan(bundles, m.sha256, m.version, missing)
+    if max_turns is not None and max_turns < 0:
+        raise ValueError(f"max_turns must be positive (0 or None: each task's own limit), got {max_turns}")
+    bundles = [with_turn_budget(TaskBundle.from_dict(json.loads(found[t]) if isinstance(found[t], str) else found[t]),
+                                max_turns) for t in ids]
+    return HoldoutPlan(bundles, m.sha256, m.version, missing, max_turns or None)
 
 
 # ------------------------------------------------------------------------------- workers

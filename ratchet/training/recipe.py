@@ -32,6 +32,8 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ratchet.policy.runner import TURN_BUDGET
+
 
 @dataclass(frozen=True)
 class RecipeSettings:
@@ -52,7 +54,7 @@ class RecipeSettings:
     # same CPU, generation on both cores (bench/rollout.py, 9 runs: median 4.41x one at a time
     # against 3.76x in one process; learning run 11: 40 s a GRPO step against ~60)
     rl_rollout_workers: int = min(2, os.cpu_count() or 1)
-    max_turns: int = 14
+    max_turns: int = TURN_BUDGET      # the evaluation's too (ratchet.policy.runner)
     max_tokens: int = 96
     min_structured: int = 8
     choice_only: bool = True           # GRPO loss on the tokens the grammar left a choice at

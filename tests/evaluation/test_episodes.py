@@ -174,3 +174,38 @@ def test_another_judge_is_another_evaluation(holdout):
         rows, _ = current_episodes(con, path)
     assert sorted((r["task_id"], r["judge_id"]) for r in rows) == sorted(
         (r["task_id"], "rubric-v3") for r in new.rows)                  # ...the summary reads the newest
+
+
+def test_the_turn_budget_is_part_of_the_environment_and_its_rows_are_its_own(holdout):
+    """holdout_eval runs every policy under one turn budget (the training one by default): the
+    budget lowers each task's limit, which is in the environment digest, so rows under another
+    budget are neither resumed nor counted, and the episode really stops at the budget."""
+    from assets.evaluation import HoldoutEvalConfig
+    from ratchet.evaluation import io
+    from ratchet.policy.runner import TURN_BUDGET
+    from ratchet.training.recipe import RecipeSettings
+
+    assert HoldoutEvalConfig().max_turns == RecipeSettings().max_turns == TURN_BUDGET
+    wh, path, _ = holdout
+    with wh.connect() as con:
+        own = holdout_plan(con, path, task_limit=2)
+        low = holdout_plan(con, path, task_limit=2, max_turns=3)
+        high = holdout_plan(con, path, task_limit=2, max_turns=1000)
+        with pytest.raises(ValueError, match="positive"):
+            holdout_plan(con, path, max_turns=-1)
+    assert own.max_turns is None and low.max_turns == 3
+    assert [b.limits.max_turns for b in low.bundles] == [3, 3] and own.bundles[0].limits.max_turns > 3
+    assert high.task_digests() == own.task_digests()                # a budget above the limit changes nothing
+    assert set(low.task_digests().values()).isdisjoint(own.task_digests().values())
+
+    res = io.run_holdout_eval(wh, path, "harness:random", 0, workers=1, task_limit=2, max_turns=3)
+    assert (res["ran"], res["episodes"], res["max_turns"]) == (2, 2, 3)
+    with wh.connect() as con:
+        rows = tables.episode_rows(con, "harness:random")
+    assert len(rows) == 2 and all(1 <= r["turns"] <= 3 for r in rows)
+    assert {r["environment_digest"] for r in rows} == set(low.task_digests().values())
+    # the tasks' own budget: other episodes, and the seed's figures count only them
+    res = io.run_holdout_eval(wh, path, "harness:random", 0, workers=1, task_limit=2, max_turns=0)
+    assert (res["ran"], res["skipped"], res["episodes"], res["max_turns"]) == (2, 0, 2, 0)
+    res = io.run_holdout_eval(wh, path, "harness:random", 0, workers=1, task_limit=2, max_turns=3)
+    assert (res["ran"], res["skipped"], res["episodes"]) == (0, 2, 2)     # resumed under its own budget
