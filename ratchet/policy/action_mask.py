@@ -82,29 +82,53 @@ def undo_index(cands: list[tuple[int, str]], original: str | None) -> int | None
     return next((i for i, d in cands if d.split(": `", 1)[-1][:-1] == original), None)
 
 
+class ListValidity:
+    """Which candidate lists still describe the file, for the mask (`episode_state`) and the rank
+    translation (`rank_actions.Ranks`) alike, so the two never disagree about which list a row
+    number refers to. A list is keyed by `tag()` when it is shown: one shown on the clean file
+    (every line reads as localize showed it) is valid again whenever the file is clean again (an
+    undo), one shown after an edit until the next edit."""
+
+    def __init__(self):
+        self.code: dict = {}     # line -> its code as localize showed it
+        self.dirty: set = set()  # lines that no longer read so
+        self.applies = 0
+
+    @property
+    def clean(self) -> bool:
+        return not self.dirty
+
+    def tag(self):
+        return "clean" if self.clean else self.applies
+
+    def localized(self, obs: str) -> None:
+        from sandboxes.agents.prior import localized_code
+
+        self.code = localized_code(obs)
+
+    def applied(self, a) -> None:
+        """One successful apply_edit (`sandboxes.observations.parse_applied`)."""
+        self.applies += 1
+        (self.dirty.discard if self.code.get(a.line) == a.text else self.dirty.add)(a.line)
+
+
 def episode_state(messages: list[dict]) -> dict:
     """What the mask needs from the conversation (see `narrow`), from the observations only."""
-    from sandboxes.agents.prior import localized_code
     from sandboxes.observations import is_error, parse_applied, parse_candidates, parse_localize, tests_all_passed
 
     st = {"localized": False, "ranked": [], "applied": None, "applies": 0, "tested": True, "clean": True,
           "attempts": 0, "pending": None, "verdict": None, "undo": None, "tried": set(),
           "turns": sum(1 for m in messages if m.get("role") == "assistant")}
-    dirty: set = set()     # lines that no longer read as localize showed them
-    code: dict = {}
-    lists: dict = {}       # ((path, line), tag) -> {index: description}; tag: "clean" or the apply count
-
-    def tag():
-        # a list stays valid while the file reads as when it was listed: one listed on the clean
-        # file whenever it is clean again (an undo), one listed after an edit until the next apply
-        return "clean" if st["clean"] else st["applies"]
+    lv = ListValidity()
+    lists: dict = {}       # ((path, line), lv.tag()) -> {index: description}
+    tag = lv.tag
     for name, args, obs in _observations(messages):
         if is_error(obs):
             continue
         if name == "localize":
             st["localized"] = True
             st["ranked"] = [(f, ln) for f, ln, _ in parse_localize(obs)]
-            code = localized_code(obs)
+            lv.localized(obs)
         elif name == "propose_edits":
             key = (args.get("path"), args.get("line"))
             if None not in key:          # an empty list counts as shown too (nothing to apply there)
@@ -114,10 +138,9 @@ def episode_state(messages: list[dict]) -> dict:
             if a is not None:
                 was_clean = st["clean"]
                 st["applied"] = (a.path, a.line, lists.get(((a.path, a.line), tag()), {}).get(a.index, ""))
-                st["applies"] += 1
                 st["tested"] = False
-                (dirty.discard if code.get(a.line) == a.text else dirty.add)(a.line)
-                st["clean"] = not dirty
+                lv.applied(a)
+                st["applies"], st["clean"] = lv.applies, lv.clean
                 if was_clean and not st["clean"]:      # an attempt: an edit of the clean file
                     st["attempts"] += 1
                     st["tried"].add((a.path, a.line, a.index))
@@ -135,7 +158,7 @@ def episode_state(messages: list[dict]) -> dict:
     if st["pending"] is not None and st["verdict"] is False:
         listed = lists.get((st["pending"], tag()))
         if listed is not None:
-            st["undo"] = undo_index(sorted(listed.items()), code.get(st["pending"][1]))
+            st["undo"] = undo_index(sorted(listed.items()), lv.code.get(st["pending"][1]))
             st["undo_listed"] = True
     return st
 

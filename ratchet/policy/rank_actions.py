@@ -12,7 +12,7 @@ calls as ranks (so SFT trains on, and every prompt shows, the numbers the policy
 `chat.policy_view` labels the observations with ranks, `action_mask.narrow` offers ranks, and the
 transformers engine turns a generated call back into the environment's numbers before the episode
 runner sees it. Lines are ranked by localize's last answer; rows by the line's list that describes
-the file as it reads now, tracked exactly as the mask tracks it (`action_mask.episode_state`): a
+the file as it reads now, tracked by the mask's own tracker (`action_mask.ListValidity`): a
 list shown on the clean file is valid again whenever the file is clean again (after an undo), one
 shown after an edit until the next edit. So after a failed attempt and its undo, rank 2 is the
 second row of the list the first attempt came from, not of the list the undo was read from.
@@ -67,16 +67,13 @@ class Ranks:
     """What ranks mean at one point of an episode: localize's lines and each line's valid list."""
 
     def __init__(self, view: dict | None = None):
+        from ratchet.policy.action_mask import ListValidity
+
         self.view_key = json.dumps(view) if view else ""
         self.lines: tuple = ()
         self._lists: dict = {}      # ((path, line), tag) -> env indices in view order
-        self._code: dict = {}       # line -> its code as localize showed it
-        self._dirty: set = set()    # lines that no longer read as localize showed them
-        self._applies = 0
-
-    def _tag(self):
-        # as episode_state: "clean" while every line reads as localize showed it, else the edit count
-        return "clean" if not self._dirty else self._applies
+        self._valid = ListValidity()  # the mask's own tracker: which list a row number refers to
+        self._tag = self._valid.tag
 
     @property
     def rows(self) -> dict:
@@ -95,13 +92,13 @@ class Ranks:
 
     def observe(self, name: str, args: dict, obs: str) -> None:
         """One answered call (its arguments as the environment got them)."""
-        from sandboxes.agents.prior import localized_code
         from sandboxes.observations import is_error, parse_applied
 
         if is_error(obs):
             return
         if name == "localize":
-            self.lines, self._code = _localized(obs), localized_code(obs)
+            self.lines = _localized(obs)
+            self._valid.localized(obs)
         elif name == "propose_edits":
             key = (args.get("path"), _int(args.get("line")))
             if None not in key:
@@ -109,8 +106,7 @@ class Ranks:
         elif name == "apply_edit":
             a = parse_applied(obs)
             if a is not None:
-                self._applies += 1
-                (self._dirty.discard if self._code.get(a.line) == a.text else self._dirty.add)(a.line)
+                self._valid.applied(a)
 
     def line_rank(self, path, line) -> int | None:
         try:
