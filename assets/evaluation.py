@@ -115,7 +115,8 @@ def holdout_eval(context: dg.AssetExecutionContext, config: HoldoutEvalConfig,
         "pass_rate": dg.MetadataValue.float(res["pass_rate"]) if res["pass_rate"] is not None else "not computable",
         "denominator": res["display"], "ran": res["ran"], "resumed_skipped": res["skipped"],
         "wall_s": round(res["wall_s"], 1), "workers": res["workers"], "holdout_sha256": res["holdout_sha256"],
-        "task_limit": config.task_limit or 0, "max_turns": res["max_turns"], "eval_run_id": res["eval_run_id"], "judge": _judge_name(config),
+        "task_limit": config.task_limit or 0, "max_turns": res["max_turns"], "eval_run_id": res["eval_run_id"],
+        "judge": _judge_name(config),
         "dagster/row_count": res["episodes"]})
 
 
