@@ -27,8 +27,8 @@ from ratchet.policy.base import Completion, GenerationRequest, PolicyError
 # The turn budget episodes run under, in training (`ratchet.training.recipe.RecipeSettings.max_turns`)
 # and in the holdout evaluation (`HoldoutEvalConfig.max_turns`): a policy is scored under the budget
 # it learned in, and everyone (harness, scripted, learned) gets the same one. The task suite's own
-# limit (30, `sandboxes.bundle.Limits`) stays the ceiling; evaluating at 30 cost the untrained
-# policy's first seed 1,083 s of `demo --full` (it uses every turn) and scored nothing it was trained for.
+# limit (30, `sandboxes.bundle.Limits`) stays the ceiling. Evaluating at 30 scored candidates under a
+# budget they never trained in and cost the untrained policy's first seed 1,083 s of `demo --full`.
 TURN_BUDGET = 14
 
 NO_CALL = ("error: your reply contained no tool call. Reply with exactly one call to one of the "
