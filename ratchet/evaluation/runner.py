@@ -27,7 +27,7 @@ class HoldoutPlan:
     holdout_sha256: str
     manifest_version: int
     missing: list[str] = field(default_factory=list)   # manifest ids absent from the tasks table
-    max_turns: int | None = None       # the turn budget applied (None: each task's own limit)
+    max_turns: int | None = None       # the budget asked for, a ceiling (a task with a lower limit keeps it; None: own limits)
 
     def task_digests(self) -> dict[str, str]:
         """task_id -> the environment digest its episodes run under (the budget is part of it)."""
