@@ -152,9 +152,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rl-beta", type=float, default=0.04)
     ap.add_argument("--rl-updates-per-step", type=int, default=1,
                     help="optimizer steps per batch of GRPO rollouts (clipped ratio after the first)")
-    ap.add_argument("--rl-curriculum", choices=("solved", "train"), default="solved",
-                    help="GRPO tasks: the train tasks the demonstrator solved (SFT's own tasks) or every "
-                         "train task used")
+    ap.add_argument("--rl-curriculum", choices=("solved", "train", "fresh"), default="solved",
+                    help="GRPO tasks: the train tasks the demonstrator solved (SFT's own tasks), every "
+                         "train task used, or 'fresh': train tasks SFT never saw that the demonstrator solves "
+                         "(--fresh-tasks of them are tried; needs more train tasks than --train-tasks, e.g. "
+                         "--problems 0)")
+    ap.add_argument("--fresh-tasks", type=int, default=124,
+                    help="with --rl-curriculum fresh: how many unused train tasks the demonstrator tries")
+    ap.add_argument("--rl-turn-cost", type=float, default=0.0,
+                    help="GRPO's reward for a pass x (1 - c * turns / max_turns): the shorter pass is preferred "
+                         "(RecipeSettings.rl_turn_cost; a fail keeps 0)")
     ap.add_argument("--sft-lr", type=float, default=3e-3)
     ap.add_argument("--no-prior-view", action="store_true",
                     help="show candidate lists in the environment's order (runs 1-5) instead of the train-fit "
@@ -254,12 +261,34 @@ def main(argv=None) -> int:
     data = demonstration_rows(demo)
     solved = {d["task_id"] for d in demo if d["passed"]}
     curriculum = [b for b in train_used if a.rl_curriculum == "train" or b.task_id in solved]
+    cpu["curriculum"] = 0.0
+    if a.rl_curriculum == "fresh":
+        # GRPO on train tasks SFT never saw: its groups then reward what carries over to a new task,
+        # not the recall of a demonstration SFT was fitted to (the demonstrator's pass = groups hold passes)
+        c = cpu_now()
+        used = {b.task_id for b in train_used}
+        rest = [b for b in train if b.task_id not in used]
+        if not rest:
+            raise SystemExit("--rl-curriculum fresh: every train task is already a demonstration task "
+                             "(raise --problems or lower --train-tasks)")
+        pool = random.Random(2).sample(rest, min(a.fresh_tasks, len(rest)))
+        cached_c = out / f"curriculum-v2-{len(pool)}-{a.k}-{a.max_turns}.json"
+        if a.reuse_data and cached_c.exists():
+            fresh_solved = set(json.loads(cached_c.read_text()))
+        else:
+            fresh_solved = {d["task_id"] for d in run_harness("structured", pool, prior=prior, k=a.k,
+                                                               max_turns=a.max_turns, runtime=rt) if d["passed"]}
+            cached_c.write_text(json.dumps(sorted(fresh_solved)))
+        curriculum = [b for b in pool if b.task_id in fresh_solved]
+        assert not {b.task_id for b in curriculum} & used
+        cpu["curriculum"] = cpu_now() - c
     say(f"training data: the structured agent solved {len(data)}/{len(demo)} train tasks "
-        f"({cpu['data']:.0f} CPU s); RL curriculum: {len(curriculum)} tasks ({a.rl_curriculum})")
+        f"({cpu['data']:.0f} CPU s); RL curriculum: {len(curriculum)} tasks ({a.rl_curriculum}"
+        f"{', %.0f CPU s to find them' % cpu['curriculum'] if cpu['curriculum'] else ''})")
 
     rs = RecipeSettings(sft_epochs=size["sft_epochs"], rl_steps=size["rl_steps"], rl_lr=a.rl_lr, rl_beta=a.rl_beta,
                         sft_lr=a.sft_lr, masked_logprobs=not a.unmasked_logprobs,
-                        rl_updates_per_step=a.rl_updates_per_step,
+                        rl_updates_per_step=a.rl_updates_per_step, rl_turn_cost=a.rl_turn_cost,
                         rl_tasks_per_step=size["rl_tasks_per_step"], rl_group_size=size["rl_group_size"],
                         max_turns=a.max_turns, prior_view=not a.no_prior_view, hide_task=a.hide_task,
                         rank_actions=a.rank_actions)
@@ -334,13 +363,13 @@ def main(argv=None) -> int:
         "train_cpu_min": round((cpu["sft"] + cpu["rl"]) / 60, 2), "settings": {**size, "rl_lr": a.rl_lr,
                                                                           "rl_beta": a.rl_beta, "sft_lr": a.sft_lr,
                                                                           "rl_updates_per_step": a.rl_updates_per_step,
-                                                                          "rl_curriculum": a.rl_curriculum,
+                                                                          "rl_curriculum": a.rl_curriculum, "rl_turn_cost": a.rl_turn_cost,
                                                                           "temperature": a.temperature,
                                                                           "masked_logprobs": not a.unmasked_logprobs,
                                                                           "max_turns": a.max_turns, "k": a.k,
                                                                           "eval_seeds": a.eval_seeds}, "sft_cpu_min": round(cpu["sft"] / 60, 2),
         "rl_cpu_min": round(cpu["rl"] / 60, 2), "base_policy_cpu_min": round(cpu["base_policy"] / 60, 2),
-        "data_cpu_min": round(cpu["data"] / 60, 2), "eval_cpu_min": round(sum(eval_cpu.values()) / 60, 2),
+        "data_cpu_min": round(cpu["data"] / 60, 2), "curriculum_cpu_min": round(cpu["curriculum"] / 60, 2), "eval_cpu_min": round(sum(eval_cpu.values()) / 60, 2),
         "val_tasks": len(val), "train_tasks": len(train), "train_trajectories": len(data),
         "rl_tasks": len(curriculum), "sft_steps": res.sft.steps,
         "view": {"candidates": "prior" if ordered else "env", "task": "hidden" if hidden else "shown",

@@ -44,7 +44,10 @@ def main(argv=None) -> int:
                     help="pool the per-task SFT and RL rates of these outputs (no training)")
     ap.add_argument("--problems", type=int, default=40,
                     help="the --problems of the learning run in --run (0: all 164)")
-    ap.add_argument("--curriculum", choices=("solved", "train"), default="solved")
+    ap.add_argument("--curriculum", choices=("solved", "train", "fresh"), default="solved",
+                    help="fresh: the train tasks SFT never saw that the demonstrator solved (the run's "
+                         "curriculum-v2-*.json, from bench/learning.py --rl-curriculum fresh)")
+    ap.add_argument("--turn-cost", type=float, default=0.0, help="RecipeSettings.rl_turn_cost")
     ap.add_argument("--updates-per-step", type=int, default=1)
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--tasks-per-step", type=int, default=None, help="GRPO tasks per step (default: the recipe's)")
@@ -108,8 +111,13 @@ def main(argv=None) -> int:
         return 0
 
     cur = train_used if a.curriculum == "train" else solved_tasks
+    if a.curriculum == "fresh":
+        fresh = set(json.loads(next(run.glob("curriculum-v2-*.json")).read_text()))
+        cur = [b for b in train if b.task_id in fresh]
+        assert cur and not fresh & {b.task_id for b in train_used}
     shape = {k: v for k, v in (("rl_tasks_per_step", a.tasks_per_step), ("rl_group_size", a.group_size)) if v}
     rs = RecipeSettings(rl_steps=a.steps, rl_lr=a.lr, rl_updates_per_step=a.updates_per_step, max_turns=14,
+                        rl_turn_cost=a.turn_cost,
                         hide_task=a.hide_task, seed=a.seed, **shape)
     new_sft = None
     if a.hide_task:
@@ -152,7 +160,7 @@ def main(argv=None) -> int:
         say(f"paired rl (this) - {b} ({run.name}): {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
     sft_p = new_sft[0]["pass"] if new_sft else sum(v for t, v in old["sft"].items() if t in pt) / len(pt)
     print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum, "hide_task": a.hide_task,
-                      "updates_per_step": a.updates_per_step, "steps": a.steps,
+                      "updates_per_step": a.updates_per_step, "steps": a.steps, "turn_cost": a.turn_cost,
                       "tasks_per_step": rs.rl_tasks_per_step, "group_size": rs.rl_group_size, "lr": a.lr, "seed": a.seed,
                       "rl_pass": res["pass"], "rl_pass_ci": res["pass_ci"], "rl_first_try": res["first_try"],
                       "train_cpu_min": round((rl.cpu_s + sft_cpu) / 60, 2), "paired": paired,

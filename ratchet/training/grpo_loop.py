@@ -67,6 +67,11 @@ class GRPOSettings:
     action_mask: str | None = None     # "structured": ratchet.policy.action_mask narrows each turn's grammar
     choice_only: bool = False          # loss only on tokens where the grammar left a choice (build_update)
     masked_logprobs: bool = False      # policy = the grammar-masked distribution (sampler and trainer)
+    # GRPO's reward for a passing episode, scaled by (1 - turn_cost * turns / max_turns): among
+    # passes, the shorter one is preferred (a fix found sooner leaves turns for another attempt
+    # under the same budget). A failing episode keeps its 0: a pass always beats a fail, and
+    # ending a failing episode sooner earns nothing. 0 = the verifier's value unchanged.
+    turn_cost: float = 0.0
     updates_per_step: int = 1          # optimizer steps per batch of rollouts (TRL's num_iterations, PPO's
                                        # epochs): after the first the ratio to the sampler's logprobs moves
                                        # off 1 and the clip bounds how far the batch can pull the policy
@@ -81,6 +86,8 @@ class GRPOSettings:
                self.updates_per_step, self.rollout_workers) < 1:
             raise ValueError("steps, tasks_per_step, checkpoint_every, max_tokens, max_turns, updates_per_step and "
                              "rollout_workers must be >= 1")
+        if not 0.0 <= self.turn_cost < 1.0:
+            raise ValueError("turn_cost must be in [0, 1): a passing episode must keep a positive reward")
         if self.learning_rate <= 0 or self.temperature <= 0 or self.beta < 0:
             raise ValueError("learning_rate and temperature must be > 0, beta >= 0")
 
@@ -122,18 +129,29 @@ def step_batch(task_ids: Sequence[str], settings: GRPOSettings, step: int) -> li
 
 
 # ---------------------------------------------------------------- one update
-def build_update(records, group_size: int, choice_only: bool = False) -> tuple[list[dict], dict]:
+def shaped_reward(record, turn_cost: float = 0.0, max_turns: int | None = None) -> float | None:
+    """The reward GRPO's advantages use: the verifier's value (None for an infra failure), and for
+    a scored pass (value > 0) scaled by 1 - turn_cost * min(turns, max_turns) / max_turns."""
+    v = record.reward
+    if v is None or v <= 0 or not turn_cost or not max_turns:
+        return v
+    return v * (1.0 - turn_cost * min(record.turns, max_turns) / max_turns)
+
+
+def build_update(records, group_size: int, choice_only: bool = False, turn_cost: float = 0.0,
+                 max_turns: int | None = None) -> tuple[list[dict], dict]:
     """Episodes of one step -> the sequences to train on and the step's counts. Each sequence:
     `input_ids` (prompt + completion), `mask` (1 at sampled tokens, over input_ids), `old_logprobs`
     (the sampler's, aligned with input_ids), `advantage`, `task_id`, `seed`. Infra failures get no
     advantage and are left out (counted); so are episodes without token ids (counted).
     `choice_only`: train only on tokens where the grammar left a choice (the policy decided
     nothing at a forced token; under the action mask most sampled tokens are forced, and their
-    gradients, the same in passing and failing episodes, carry no signal about a decision)."""
+    gradients, the same in passing and failing episodes, carry no signal about a decision).
+    `turn_cost`: the advantages come from `shaped_reward` (the step's `reward` stays the verifier's)."""
     from ratchet.policy.runner import training_sequence
     from ratchet.training.grpo import group_advantages
 
-    adv, counts = group_advantages([r.reward for r in records], group_size)
+    adv, counts = group_advantages([shaped_reward(r, turn_cost, max_turns) for r in records], group_size)
     seqs, no_tokens = [], 0
     for r, a in zip(records, adv):
         if a is None:
@@ -318,7 +336,8 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
             recs = pool.run(model, tok, engine, ep_jobs, runtime=runtime, **rkw) if pool else \
                 run_episodes(TransformersPolicy(model, tok, **engine), ep_jobs, runtime=runtime, **rkw)
             r0 = time.monotonic()
-            seqs, counts = build_update(recs, settings.group_size, settings.choice_only)
+            seqs, counts = build_update(recs, settings.group_size, settings.choice_only,
+                                        settings.turn_cost, settings.max_turns)
             stats = grpo_update(model, ref_model, optimizer, seqs, settings)
             row = {"step": step + 1, **counts, **stats, "rollout_s": round(r0 - w0, 3),
                    "update_s": round(time.monotonic() - r0, 3), "step_s": round(time.monotonic() - w0, 3),

@@ -48,6 +48,7 @@ class RecipeSettings:
     rl_group_size: int = 8
     rl_lr: float = 1e-3              # bench/learning.py run 3: +5.0 points over SFT (2e-4: +0.0); run 4: +3.3
     rl_beta: float = 0.04
+    rl_turn_cost: float = 0.0          # GRPOSettings.turn_cost: among passes, the shorter one is preferred
     rl_updates_per_step: int = 1       # optimizer steps per batch of rollouts (GRPOSettings.updates_per_step)
     rl_temperature: float = 1.0
     # GRPO rollouts over worker processes (ratchet.policy.rollout_pool): the same records, about the
@@ -91,6 +92,7 @@ class RecipeSettings:
                             checkpoint_every=max(1, self.rl_steps // 3), seed=self.seed, threads=self.threads,
                             thought_chars=0, max_string=32, action_mask="structured", choice_only=self.choice_only,
                             masked_logprobs=self.masked_logprobs, updates_per_step=self.rl_updates_per_step,
+                            turn_cost=self.rl_turn_cost,
                             rollout_workers=self.rl_rollout_workers)
 
 

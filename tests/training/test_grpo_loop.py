@@ -75,6 +75,35 @@ def test_one_step_advantages_and_masks_by_hand(start, bundles, runtime):
             assert gap > 0 and q["mask"][k:k + gap] == [0] * gap
 
 
+def test_turn_cost_prefers_the_shorter_pass_and_never_pays_a_fail(start, bundles, runtime):
+    """GRPOSettings.turn_cost: a pass's reward is scaled by 1 - c * turns / max_turns, by hand on
+    real episodes. Of two passes the shorter one gets the larger advantage; two fails keep 0 and
+    the same advantage whatever their length (ending a failing episode sooner earns nothing); a
+    group of passes that differ only in length now carries a signal; the step's `reward` stays the
+    verifier's; an infra failure stays out; a cost that could zero a pass is refused."""
+    from ratchet.training.grpo import group_advantages
+    from ratchet.training.grpo_loop import shaped_reward
+
+    s = GRPOSettings(**{**TINY_RL, "tasks_per_step": 1, "group_size": 4, "max_turns": 2, "turn_cost": 0.3})
+    with pytest.raises(ValueError, match="turn_cost"):
+        replace(s, turn_cost=1.0)
+    _, _, recs = _rollout(start, bundles, runtime, s)
+    hand = [replace(recs[0], reward=1.0, turns=1), replace(recs[1], reward=1.0, turns=2),
+            replace(recs[2], reward=0.0, turns=1), replace(recs[3], reward=0.0, turns=2)]
+    assert [shaped_reward(r, 0.3, 2) for r in hand] == pytest.approx([0.85, 0.7, 0.0, 0.0])
+    assert shaped_reward(replace(recs[0], reward=None), 0.3, 2) is None
+    assert shaped_reward(hand[1], 0.0, 2) == 1.0 and shaped_reward(replace(hand[1], turns=9), 0.3, 2) == pytest.approx(0.7)
+    seqs, counts = build_update(hand, 4, turn_cost=s.turn_cost, max_turns=s.max_turns)
+    want, _ = group_advantages([0.85, 0.7, 0.0, 0.0], 4)
+    assert [q["advantage"] for q in seqs] == pytest.approx(want)
+    assert seqs[0]["advantage"] > seqs[1]["advantage"] > 0 > seqs[2]["advantage"] == seqs[3]["advantage"]
+    assert counts["reward"] == pytest.approx(0.5)              # the verifier's mean, not the shaped one
+    passes = [replace(r, reward=1.0, turns=t) for r, t in zip(recs, (1, 2, 2, 2))]
+    _, flat = build_update(passes, 4)
+    _, shaped = build_update(passes, 4, turn_cost=0.3, max_turns=2)
+    assert flat["flat_groups"] == 1 and shaped["flat_groups"] == 0
+
+
 def test_update_changes_weights_and_skips_infra_failures(start, bundles, runtime):
     import copy
 
