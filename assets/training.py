@@ -252,6 +252,8 @@ class RLConfig(dg.Config):
     group_size: int = _R.rl_group_size
     learning_rate: float = _R.rl_lr
     beta: float = _R.rl_beta
+    # a pass's reward x (1 - turn_cost * turns / max_turns): the shorter pass is preferred (a fail keeps 0)
+    turn_cost: float = _R.rl_turn_cost
     temperature: float = _R.rl_temperature
     max_tokens: int = _R.max_tokens
     max_turns: int = _R.max_turns
@@ -290,6 +292,7 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
     bundles = curriculum(bundles, rows)   # train tasks the tenant's agents solved: GRPO groups hold passes
     settings = RecipeSettings(rl_steps=config.steps, rl_tasks_per_step=config.tasks_per_step,
                               rl_group_size=config.group_size, rl_lr=config.learning_rate, rl_beta=config.beta,
+                              rl_turn_cost=config.turn_cost,
                               rl_temperature=config.temperature, max_tokens=config.max_tokens,
                               max_turns=config.max_turns, seed=config.seed, rl_rollout_workers=config.rollout_workers)
     out_dir = _dir(warehouse, cand, f"rl-from-{sft['version']}")     # a re-run resumes here

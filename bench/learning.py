@@ -159,9 +159,9 @@ def main(argv=None) -> int:
                          "--problems 0)")
     ap.add_argument("--fresh-tasks", type=int, default=124,
                     help="with --rl-curriculum fresh: how many unused train tasks the demonstrator tries")
-    ap.add_argument("--rl-turn-cost", type=float, default=0.0,
+    ap.add_argument("--rl-turn-cost", type=float, default=None,
                     help="GRPO's reward for a pass x (1 - c * turns / max_turns): the shorter pass is preferred "
-                         "(RecipeSettings.rl_turn_cost; a fail keeps 0)")
+                         "(default RecipeSettings.rl_turn_cost, 0.3 since run 16; 0: runs 1-15; a fail keeps 0)")
     ap.add_argument("--sft-lr", type=float, default=3e-3)
     ap.add_argument("--no-prior-view", action="store_true",
                     help="show candidate lists in the environment's order (runs 1-5) instead of the train-fit "
@@ -183,6 +183,9 @@ def main(argv=None) -> int:
     for key in STRUCT_SIZE["default"]:
         ap.add_argument("--" + key.replace("_", "-"), type=type(STRUCT_SIZE["default"][key]), default=None)
     a = ap.parse_args(argv)
+    if a.rl_turn_cost is None:
+        from ratchet.training.recipe import RecipeSettings as _RS
+        a.rl_turn_cost = _RS().rl_turn_cost
     size = dict(STRUCT_SIZE["quick" if a.quick else "default"])
     size.update({k: getattr(a, k) for k in size if getattr(a, k) is not None})
 

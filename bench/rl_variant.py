@@ -47,7 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--curriculum", choices=("solved", "train", "fresh"), default="solved",
                     help="fresh: the train tasks SFT never saw that the demonstrator solved (the run's "
                          "curriculum-v2-*.json, from bench/learning.py --rl-curriculum fresh)")
-    ap.add_argument("--turn-cost", type=float, default=0.0, help="RecipeSettings.rl_turn_cost")
+    ap.add_argument("--turn-cost", type=float, default=None,
+                    help="RecipeSettings.rl_turn_cost (default: the recipe's, 0.3 since session 16; 0 = none)")
     ap.add_argument("--updates-per-step", type=int, default=1)
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--tasks-per-step", type=int, default=None, help="GRPO tasks per step (default: the recipe's)")
@@ -65,6 +66,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.pool:
         return pool(a.pool)
+    if a.turn_cost is None:
+        from ratchet.training.recipe import RecipeSettings as _RS
+        a.turn_cost = _RS().rl_turn_cost
     if not (a.run and a.out):
         ap.error("--run and --out are required (or --pool DIR ...)")
 

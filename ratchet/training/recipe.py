@@ -48,7 +48,10 @@ class RecipeSettings:
     rl_group_size: int = 8
     rl_lr: float = 1e-3              # bench/learning.py run 3: +5.0 points over SFT (2e-4: +0.0); run 4: +3.3
     rl_beta: float = 0.04
-    rl_turn_cost: float = 0.0          # GRPOSettings.turn_cost: among passes, the shorter one is preferred
+    # GRPOSettings.turn_cost: among passes the shorter one is preferred (a fail keeps 0). 0.3 since
+    # session 16: from run 15's SFT, RL - SFT +5.6 / +6.1 / +5.0 (recipe seeds 0-2) against +0.6 / -6.1 /
+    # -2.8 without it (bench/rl_variant.py --turn-cost; docs/training.md, run 16)
+    rl_turn_cost: float = 0.3
     rl_updates_per_step: int = 1       # optimizer steps per batch of rollouts (GRPOSettings.updates_per_step)
     rl_temperature: float = 1.0
     # GRPO rollouts over worker processes (ratchet.policy.rollout_pool): the same records, about the
