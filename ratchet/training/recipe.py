@@ -50,7 +50,7 @@ class RecipeSettings:
     rl_beta: float = 0.04
     # GRPOSettings.turn_cost: among passes the shorter one is preferred (a fail keeps 0). 0.3 since
     # session 16: from run 15's SFT, RL - SFT +5.6 / +6.1 / +5.0 (recipe seeds 0-2) against +0.6 / -6.1 /
-    # -2.8 without it on 164 problems; on 40 problems +1.9 pooled (bench/rl_variant.py --turn-cost;
+    # -2.8 without it on 164 problems; on 40 problems +1.9 pooled, +2.4 without (bench/rl_variant.py --turn-cost;
     # docs/training.md, runs 16-17)
     rl_turn_cost: float = 0.3
     rl_updates_per_step: int = 1       # optimizer steps per batch of rollouts (GRPOSettings.updates_per_step)
