@@ -20,8 +20,13 @@ candidate edit applied. 95% CIs: percentile bootstrap over tasks (ratchet.evalua
 
     .venv/bin/python bench/learning.py            # default (the run docs/training.md reports)
     .venv/bin/python bench/learning.py --quick    # minutes: the plumbing, not the numbers
-    .venv/bin/python bench/learning.py --problems 0   # every HumanEval problem (the same task counts
-                                                      # drawn from 82 train / 82 validation problems)
+    .venv/bin/python bench/learning.py --problems 40 --rl-seeds 1   # runs 1-11's size: 20 train / 20
+                                                                    # validation problems, one GRPO seed
+
+RL is trained `--rl-seeds` times (default 3) from the one SFT checkpoint under recipe seeds 0..N-1
+(GRPO's task order and episode seeds), each evaluated on the same tasks and seeds; `rl_pass` and
+the paired RL differences pool them (per task, the mean over RL seeds), each seed is reported too,
+and `train_cpu_min` is SFT + the costliest seed's RL (what one candidate costs, at most).
 
 Final line: one JSON object; ratio = rl_pass / sft_pass, baseline = the SFT checkpoint.
 """
@@ -36,10 +41,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 STRUCT_SIZE = {"quick": dict(problems=16, train_tasks=40, val_tasks=10, sft_epochs=3.0, rl_steps=2,
-                             rl_tasks_per_step=2, rl_group_size=4),
-               # run 7 (docs/training.md): 12 GRPO steps x 4 tasks x 8, the best of runs 4-7 (12.1 CPU-min)
-               "default": dict(problems=40, train_tasks=124, val_tasks=60, sft_epochs=3.0, rl_steps=12,
-                               rl_tasks_per_step=4, rl_group_size=8)}
+                             rl_tasks_per_step=2, rl_group_size=4, rl_seeds=1),
+               # run 7 (docs/training.md): 12 GRPO steps x 4 tasks x 8, the best of runs 4-7 (12.1 CPU-min).
+               # problems=0 (all 164) since run 18: the same 124 train / 60 validation tasks drawn from 82 + 82
+               # problems instead of 20 + 20 (60 validation tasks of 20 problems are ~3 mutants of each: the
+               # CIs treat them as independent; the prior harness is fit on 588 train tasks, not 131); runs
+               # 12-16 used it, runs 1-11 and 17 had 40 (--problems 40).
+               # rl_seeds=3 since run 18: GRPO from the one SFT checkpoint under recipe seeds 0..N-1, each
+               # evaluated; RL is reported pooled (per task, the mean over seeds) because one seed's RL - SFT
+               # moved by ~10 points with the seed alone (runs H-H3, 16: docs/training.md)
+               "default": dict(problems=0, train_tasks=124, val_tasks=60, sft_epochs=3.0, rl_steps=12,
+                               rl_tasks_per_step=4, rl_group_size=8, rl_seeds=3)}
 
 
 def cpu_now() -> float:
@@ -144,7 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="/tmp/ratchet-learning")
     ap.add_argument("--k", type=int, default=4, help="attempt budget of the harnesses")
     ap.add_argument("--max-turns", type=int, default=14)
-    ap.add_argument("--eval-seeds", type=int, default=2,
+    ap.add_argument("--eval-seeds", type=int, default=3,
                     help="evaluation seeds per validation task for the sampled policies (embedded, harness:random); "
                          "sbfl and prior are deterministic. CIs: bootstrap over tasks of per-task means")
     ap.add_argument("--temperature", type=float, default=1.0, help="embedded policies' eval sampling (RL samples at 1.0)")
@@ -199,6 +211,7 @@ def main(argv=None) -> int:
     from ratchet.policy.embedded.corpus import task_texts
     from ratchet.policy.embedded.model import build_base_policy
     from ratchet.policy.embedded.decoding import read_view, write_decoding
+    from dataclasses import replace
     from types import SimpleNamespace
 
     from ratchet.training.recipe import RecipeSettings, plot_curve, recipe_view, rl_stage, sft_stage, structured_rows
@@ -296,8 +309,8 @@ def main(argv=None) -> int:
                         max_turns=a.max_turns, prior_view=not a.no_prior_view, hide_task=a.hide_task,
                         rank_actions=a.rank_actions)
 
-    def on_step(r):
-        say(f"  rl step {r['step']}: pass {r['pass_rate']} reward {r['reward'] and round(r['reward'], 3)} "
+    def on_step(r, seed=0):
+        say(f"  rl seed {seed} step {r['step']}: pass {r['pass_rate']} reward {r['reward'] and round(r['reward'], 3)} "
             f"kl {r['kl']:.4f} entropy {r['entropy']:.3f} flat {r.get('flat_groups')} cpu {r['cpu_s']:.0f}s")
     sft_meta = out / "candidate" / "sft" / "ratchet_checkpoint.json"
     if a.reuse_data and sft_meta.exists() and read_view(sft_meta.parent) == view:
@@ -310,19 +323,29 @@ def main(argv=None) -> int:
     else:
         shutil.rmtree(out / "candidate" / "sft", ignore_errors=True)
         sft = sft_stage(base, data, out / "candidate" / "sft", rs, prior=prior)
-    shutil.rmtree(out / "candidate" / "rl", ignore_errors=True)
-    rl = rl_stage(sft.checkpoint, curriculum, out / "candidate" / "rl", rs, runtime=rt, on_step=on_step, resume=False) \
-        if rs.rl_steps > 0 else None
+    rls = []
+    for s in range(size["rl_seeds"] if rs.rl_steps > 0 else 0):
+        # seed 0 in candidate/rl (the path every earlier run used), seed s in candidate/rl-seed{s}
+        d = out / "candidate" / ("rl" if s == 0 else f"rl-seed{s}")
+        shutil.rmtree(d, ignore_errors=True)
+        rls.append(rl_stage(sft.checkpoint, curriculum, d, replace(rs, seed=s), runtime=rt,
+                            on_step=lambda r, s=s: on_step(r, s), resume=False))
+        plot_curve(rls[-1].history, out / ("rl_curve.png" if s == 0 else f"rl_curve-seed{s}.png"), f"GRPO seed {s}",
+                   ("reward", "pass_rate", "kl", "entropy"))
+        say(f"RL seed {s}: {len(rls[-1].history)} steps, {rls[-1].cpu_s:.0f} CPU s")
+    rl = rls[0] if rls else None
     res = SimpleNamespace(sft=sft, rl=rl, n_structured=len(structured_rows(data)))
     plot_curve([{"step": i + 1, "loss": v} for i, v in enumerate(sft.losses)], out / "sft_curve.png", "SFT", ("loss",))
-    if rl:
-        plot_curve(rl.history, out / "rl_curve.png", "GRPO", ("reward", "pass_rate", "kl", "entropy"))
-    cpu["sft"], cpu["rl"] = sft.cpu_s, rl.cpu_s if rl else 0.0
+    # one candidate's cost: SFT + its RL; with several RL seeds the mean and (for the target) the costliest
+    cpu["sft"] = sft.cpu_s
+    cpu["rl"] = sum(r.cpu_s for r in rls) / len(rls) if rls else 0.0
+    cpu["rl_max"] = max((r.cpu_s for r in rls), default=0.0)
     say(f"SFT: {res.sft.steps} steps, loss {res.sft.losses[0]:.2f} -> {res.sft.losses[-1]:.2f}, "
         f"{res.sft.n_examples} examples ({res.n_structured} structured), {cpu['sft']:.0f} CPU s; "
-        f"RL: {len(res.rl.history) if res.rl else 0} steps, {cpu['rl']:.0f} CPU s")
+        f"RL: {len(rls)} seed(s) x {len(rl.history) if rl else 0} steps, {cpu['rl']:.0f} CPU s a seed "
+        f"(max {cpu['rl_max']:.0f})")
 
-    results, eval_cpu, per_task = {}, {}, {}
+    results, eval_cpu, per_task, seed_rows = {}, {}, {}, []
     seeds = tuple(range(a.eval_seeds))
     for name, fn in (
             ("random", lambda: run_harness("random", val, prior=None, k=a.k, max_turns=a.max_turns, runtime=rt,
@@ -333,15 +356,20 @@ def main(argv=None) -> int:
                                                temperature=a.temperature, runtime=rt, seeds=seeds)),
             ("sft", lambda: run_embedded(res.sft.checkpoint, val, max_turns=a.max_turns, max_tokens=rs.max_tokens,
                                          temperature=a.temperature, runtime=rt, seeds=seeds)),
-            ("rl", lambda: run_embedded(res.rl.checkpoint if res.rl else res.sft.checkpoint, val,
-                                        max_turns=a.max_turns, max_tokens=rs.max_tokens,
-                                        temperature=a.temperature, runtime=rt, seeds=seeds))):
+            *((f"rl_seed{s}", lambda p=p: run_embedded(p, val, max_turns=a.max_turns, max_tokens=rs.max_tokens,
+                                                         temperature=a.temperature, runtime=rt, seeds=seeds))
+              for s, p in enumerate([r.checkpoint for r in rls] or [res.sft.checkpoint]))):
         c = cpu_now()
         rows_ = fn()
         per_task[name] = per_task_rate(rows_)
         results[name] = summarise(rows_)
         eval_cpu[name] = round(cpu_now() - c, 1)
         say(f"eval {name}: {results[name]} ({eval_cpu[name]:.0f} CPU s)")
+        if name.startswith("rl_seed"):
+            seed_rows.extend(rows_)
+    # RL pooled over its seeds: per task, the mean over every RL seed's episodes (each seed has the same
+    # tasks x evaluation seeds, so this is the mean of the seeds' per-task rates)
+    per_task["rl"], results["rl"] = per_task_rate(seed_rows), summarise(seed_rows)
 
     png = plot(results, cpu, out / "learning.png")
     (out / "per_task.json").write_text(json.dumps(per_task, indent=1, sort_keys=True))
@@ -351,19 +379,29 @@ def main(argv=None) -> int:
         r = results[k]
         ci = lambda v: f"[{v[0]:.2f}, {v[1]:.2f}]"   # noqa: E731
         print(f"{k:<12}{r['pass']:>9.3f}{ci(r['pass_ci']):>16}{r['first_try']:>11.3f}{ci(r['first_try_ci']):>16}{r['n']:>5}")
+        if k == "rl" and len(rls) > 1:
+            for s in range(len(rls)):
+                r = results[f"rl_seed{s}"]
+                print(f"{'  seed ' + str(s):<12}{r['pass']:>9.3f}{ci(r['pass_ci']):>16}{r['first_try']:>11.3f}"
+                      f"{ci(r['first_try_ci']):>16}{r['n']:>5}")
     print(f"CPU s: base_policy {cpu['base_policy']:.0f} (one-off), data {cpu['data']:.0f}, SFT {cpu['sft']:.0f}, "
-          f"RL {cpu['rl']:.0f}; eval {eval_cpu}; wall {time.monotonic() - t0:.0f} s; plot {png}")
+          f"RL {cpu['rl']:.0f} a seed (max {cpu['rl_max']:.0f}); eval {eval_cpu}; wall {time.monotonic() - t0:.0f} s; plot {png}")
     sft_p, rl_p = results["sft"]["pass"], results["rl"]["pass"]
     from ratchet.evaluation.stats import paired_difference
     paired = {f"{a_}_minus_{b_}": paired_difference(per_task[a_], per_task[b_])
               for a_, b_ in (("rl", "sft"), ("sft", "random"), ("rl", "sbfl"), ("rl", "prior"), ("sft", "untrained"))}
+    seed_paired = {s: paired_difference(per_task[f"rl_seed{s}"], per_task["sft"]) for s in range(len(rls))}
     for k, iv in paired.items():
-        print(f"paired {k}: {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}] over {iv.n} tasks")
+        print(f"paired {k}: {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}] over {iv.n} tasks"
+              f"{' (RL pooled over %d seeds)' % len(rls) if k.startswith('rl_') and len(rls) > 1 else ''}")
+    if len(rls) > 1:
+        print("paired rl_minus_sft by RL seed: " + ", ".join(f"seed {s} {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]"
+                                                            for s, iv in seed_paired.items()))
     summary = {
         "bench": "learning", "mode": "quick" if a.quick else "default", **{f"{k}_pass": results[k]["pass"] for k in results},
         **{f"{k}_first_try": results[k]["first_try"] for k in results},
         **{f"{k}_pass_ci": results[k]["pass_ci"] for k in results},
-        "train_cpu_min": round((cpu["sft"] + cpu["rl"]) / 60, 2), "settings": {**size, "rl_lr": a.rl_lr,
+        "train_cpu_min": round((cpu["sft"] + cpu["rl_max"]) / 60, 2), "settings": {**size, "rl_lr": a.rl_lr,
                                                                           "rl_beta": a.rl_beta, "sft_lr": a.sft_lr,
                                                                           "rl_updates_per_step": a.rl_updates_per_step,
                                                                           "rl_curriculum": a.rl_curriculum, "rl_turn_cost": a.rl_turn_cost,
@@ -371,14 +409,20 @@ def main(argv=None) -> int:
                                                                           "masked_logprobs": not a.unmasked_logprobs,
                                                                           "max_turns": a.max_turns, "k": a.k,
                                                                           "eval_seeds": a.eval_seeds}, "sft_cpu_min": round(cpu["sft"] / 60, 2),
-        "rl_cpu_min": round(cpu["rl"] / 60, 2), "base_policy_cpu_min": round(cpu["base_policy"] / 60, 2),
+        "rl_cpu_min": round(cpu["rl"] / 60, 2), "rl_cpu_min_max": round(cpu["rl_max"] / 60, 2),
+        "rl_seeds": [{"seed": s, "pass": results[f"rl_seed{s}"]["pass"], "pass_ci": results[f"rl_seed{s}"]["pass_ci"],
+                      "first_try": results[f"rl_seed{s}"]["first_try"], "cpu_min": round(r.cpu_s / 60, 2),
+                      "rl_minus_sft": [seed_paired[s].estimate, seed_paired[s].lo, seed_paired[s].hi],
+                      "history": [{k: h.get(k) for k in ("step", "pass_rate", "reward", "kl")} for h in r.history]}
+                     for s, r in enumerate(rls)],
+        "base_policy_cpu_min": round(cpu["base_policy"] / 60, 2),
         "data_cpu_min": round(cpu["data"] / 60, 2), "curriculum_cpu_min": round(cpu["curriculum"] / 60, 2), "eval_cpu_min": round(sum(eval_cpu.values()) / 60, 2),
         "val_tasks": len(val), "train_tasks": len(train), "train_trajectories": len(data),
         "rl_tasks": len(curriculum), "sft_steps": res.sft.steps,
         "view": {"candidates": "prior" if ordered else "env", "task": "hidden" if hidden else "shown",
                  "actions": "rank" if rank_actions(view) else "env", "prior_tasks": len(prior.task_ids),
                  "sft": read_view(res.sft.checkpoint) == view,
-                 "rl": read_view(res.rl.checkpoint) == view if res.rl else None}, "rl_steps": len(res.rl.history) if res.rl else 0,
+                 "rl": all(read_view(r.checkpoint) == view for r in rls) if rls else None}, "rl_steps": len(res.rl.history) if res.rl else 0,
         "rl_history": [{k: h.get(k) for k in ("step", "pass_rate", "reward", "kl", "entropy", "flat_groups")}
                        for h in (res.rl.history if res.rl else [])],
         "baseline": "sft", "ratio": round(rl_p / sft_p, 3) if sft_p else None,

@@ -42,8 +42,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     ap.add_argument("--pool", nargs="+", default=None, metavar="DIR",
                     help="pool the per-task SFT and RL rates of these outputs (no training)")
-    ap.add_argument("--problems", type=int, default=40,
-                    help="the --problems of the learning run in --run (0: all 164)")
+    ap.add_argument("--problems", type=int, default=0,
+                    help="the --problems of the learning run in --run (0: all 164, bench/learning.py's default "
+                         "since run 18; 40: runs 1-11 and 17)")
     ap.add_argument("--curriculum", choices=("solved", "train", "fresh"), default="solved",
                     help="fresh: the train tasks SFT never saw that the demonstrator solved (the run's "
                          "curriculum-v2-*.json, from bench/learning.py --rl-curriculum fresh)")
