@@ -274,6 +274,7 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
                   tracking: MlflowTracking) -> dg.MaterializeResult:
     import json
 
+    from ratchet.evaluation.runner import with_turn_budget
     from ratchet.home import get_home
     from ratchet.training.data import tenant_training_rows
     from ratchet.training.lineage import environment_digest, inherited_manifest
@@ -285,8 +286,11 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
     tenant = tenant_of(cand)          # a malformed candidate key fails before any work
     sft = _pointer(warehouse, cand, "sft")
     tasks = _train_tasks(warehouse, config.task_limit)
-    bundles = [TaskBundle.from_dict(json.loads(t["bundle"]) if isinstance(t["bundle"], str) else t["bundle"])
-               for t in tasks]
+    # the episodes run under config.max_turns, and the bundles say so (the limit is part of the
+    # environment digest): the rollout records and the checkpoint's lineage name the budget trained
+    # under, as the holdout evaluation's do (`with_turn_budget`), not the task's own 30 turns
+    bundles = [with_turn_budget(TaskBundle.from_dict(json.loads(t["bundle"]) if isinstance(t["bundle"], str)
+                                                     else t["bundle"]), config.max_turns) for t in tasks]
     with warehouse.store().connect() as con:
         rows = tenant_training_rows(con, tenant)
     bundles = curriculum(bundles, rows)   # train tasks the tenant's agents solved: GRPO groups hold passes

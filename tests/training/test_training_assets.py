@@ -151,6 +151,18 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
     assert dpo.tags["ratchet.manifest_sha256"] == with_rejected["manifest_sha256"]     # SFT's data + the pair's
     assert dpo.tags["ratchet.parent_checkpoint"] == f"ratchet-acme-c1/{sft.version}"
     assert sft.tags["ratchet.environment_digest"] != rl.tags["ratchet.environment_digest"]
+    # RL's digest names the turn budget its episodes ran under (max_turns 1), not the tasks' own limit
+    import json as _json
+
+    from ratchet.evaluation.runner import with_turn_budget
+    from ratchet.training.data import TRAIN_TASKS_SQL
+    from ratchet.training.lineage import environment_digest
+    from ratchet.training.recipe import curriculum
+    from sandboxes.bundle import TaskBundle
+    used = curriculum([TaskBundle.from_dict(t["bundle"] if isinstance(t["bundle"], dict) else _json.loads(t["bundle"])) for t in store.Store(wh).read(TRAIN_TASKS_SQL)[:2]], rows)
+    assert rl.tags["ratchet.environment_digest"] == environment_digest(
+        with_turn_budget(b, 1).environment_digest for b in used)
+    assert rl.tags["ratchet.environment_digest"] != environment_digest(b.environment_digest for b in used)
     for v in (sft, dpo, rl):
         assert v.tags["ratchet.manifest_sha256"] == (with_rejected if v is dpo else manifest)["manifest_sha256"]
         assert v.tags["ratchet.consent_ids"] == "C-ACME" and v.tags["ratchet.dagster_run_id"] == r2.run_id
