@@ -124,7 +124,7 @@ def summarise(rows) -> dict:
             "n": p.n, "episodes": len(rows), "infra": sum(1 for r in rows if r["infra"])}
 
 
-def plot(results: dict, cpu: dict, path: Path) -> Path:
+def plot(results: dict, cpu: dict, path: Path, rl_seeds: int = 1) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -134,7 +134,8 @@ def plot(results: dict, cpu: dict, path: Path) -> Path:
     pts = [(xs[k], results[k]) for k in ("untrained", "sft", "rl")]
     ax.errorbar([x for x, _ in pts], [r["pass"] for _, r in pts],
                 yerr=[[r["pass"] - r["pass_ci"][0] for _, r in pts], [r["pass_ci"][1] - r["pass"] for _, r in pts]],
-                marker="o", capsize=3, label="embedded policy (untrained -> SFT -> RL)")
+                marker="o", capsize=3, label="embedded policy (untrained -> SFT -> RL"
+                + (f", RL pooled over {rl_seeds} seeds; x: SFT + mean RL)" if rl_seeds > 1 else ")"))
     for k, style in (("random", ":"), ("sbfl", "--"), ("prior", "-.")):
         ax.axhline(results[k]["pass"], linestyle=style, color="grey", label=f"harness:{k}")
     ax.set_xlabel("training CPU-minutes (SFT + RL; base_policy build not included)")
@@ -371,7 +372,7 @@ def main(argv=None) -> int:
     # tasks x evaluation seeds, so this is the mean of the seeds' per-task rates)
     per_task["rl"], results["rl"] = per_task_rate(seed_rows), summarise(seed_rows)
 
-    png = plot(results, cpu, out / "learning.png")
+    png = plot(results, cpu, out / "learning.png", rl_seeds=len(rls))
     (out / "per_task.json").write_text(json.dumps(per_task, indent=1, sort_keys=True))
     print()
     print(f"{'policy':<12}{'success':>9}{'95% CI':>16}{'first try':>11}{'95% CI':>16}{'n':>5}")
