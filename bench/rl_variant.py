@@ -51,7 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--turn-cost", type=float, default=None,
                     help="RecipeSettings.rl_turn_cost (default: the recipe's, 0.3 since session 16; 0 = none)")
     ap.add_argument("--updates-per-step", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="GRPO steps (default: the recipe's, 12, as bench/learning.py; runs 9-10 and H-H3 used 14)")
     ap.add_argument("--tasks-per-step", type=int, default=None, help="GRPO tasks per step (default: the recipe's)")
     ap.add_argument("--group-size", type=int, default=None, help="GRPO rollouts per task (default: the recipe's)")
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -67,9 +68,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.pool:
         return pool(a.pool)
+    from ratchet.training.recipe import RecipeSettings as _RS
     if a.turn_cost is None:
-        from ratchet.training.recipe import RecipeSettings as _RS
         a.turn_cost = _RS().rl_turn_cost
+    if a.steps is None:
+        a.steps = _RS().rl_steps
     if not (a.run and a.out):
         ap.error("--run and --out are required (or --pool DIR ...)")
 
