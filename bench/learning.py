@@ -155,6 +155,10 @@ def main(argv=None) -> int:
                     help="keep --out and reuse its demonstrations (data-*.json) and SFT checkpoint from an earlier run "
                          "of the same size (RL and every evaluation run again)")
     ap.add_argument("--out", default="/tmp/ratchet-learning")
+    ap.add_argument("--split-seed", type=int, default=0,
+                    help="which tasks are sampled: the validation tasks (Random(seed)) and the train tasks whose "
+                         "demonstrations SFT uses (Random(seed + 1)); the split BY PROBLEM does not change. "
+                         "0: every run before run 19; another seed is another data set for the same claim")
     ap.add_argument("--k", type=int, default=4, help="attempt budget of the harnesses")
     ap.add_argument("--max-turns", type=int, default=14)
     ap.add_argument("--eval-seeds", type=int, default=3,
@@ -238,8 +242,8 @@ def main(argv=None) -> int:
     val = [b for b in tasks if problem_number(b) % 2 == 1]
     assert not {problem_number(b) for b in train} & {problem_number(b) for b in val}
     import random
-    val = random.Random(0).sample(val, min(size["val_tasks"], len(val)))
-    train_used = random.Random(1).sample(train, min(size["train_tasks"], len(train)))
+    val = random.Random(a.split_seed).sample(val, min(size["val_tasks"], len(val)))
+    train_used = random.Random(a.split_seed + 1).sample(train, min(size["train_tasks"], len(train)))
     prior = fit_prior(train)
     # the proof, in every run: the prior (the prior harness's, the demonstrator's and the view's)
     # counts train tasks only, and no validation problem
@@ -268,7 +272,7 @@ def main(argv=None) -> int:
 
     c = cpu_now()
     # v2: the structured agent follows the mask's attempt structure (no give-up before the turn limit)
-    cached = out / f"data-v2-{len(train_used)}-{a.k}-{a.max_turns}.json"
+    cached = out / f"data-v2-{len(train_used)}-{a.k}-{a.max_turns}{'-s%d' % a.split_seed if a.split_seed else ''}.json"
     if a.reuse_data and cached.exists():
         demo = json.loads(cached.read_text())
     else:
@@ -409,7 +413,8 @@ def main(argv=None) -> int:
                                                                           "temperature": a.temperature,
                                                                           "masked_logprobs": not a.unmasked_logprobs,
                                                                           "max_turns": a.max_turns, "k": a.k,
-                                                                          "eval_seeds": a.eval_seeds}, "sft_cpu_min": round(cpu["sft"] / 60, 2),
+                                                                          "eval_seeds": a.eval_seeds,
+                                                                          "split_seed": a.split_seed}, "sft_cpu_min": round(cpu["sft"] / 60, 2),
         "rl_cpu_min": round(cpu["rl"] / 60, 2), "rl_cpu_min_max": round(cpu["rl_max"] / 60, 2),
         "rl_seeds": [{"seed": s, "pass": results[f"rl_seed{s}"]["pass"], "pass_ci": results[f"rl_seed{s}"]["pass_ci"],
                       "first_try": results[f"rl_seed{s}"]["first_try"], "cpu_min": round(r.cpu_s / 60, 2),

@@ -94,7 +94,10 @@ def main(argv=None) -> int:
     train = [b for b in tasks if L.problem_number(b) % 2 == 0]
     val = random.Random(0).sample([b for b in tasks if L.problem_number(b) % 2 == 1], 60)[:a.limit]
     train_used = random.Random(1).sample(train, 124)
-    demo = json.loads(next(run.glob("data-v2-124-*.json")).read_text())
+    found = next(run.glob("data-v2-124-*.json"))
+    if "-s" in found.stem:    # bench/learning.py --split-seed N: other tasks than the samples above
+        raise SystemExit(f"{found.name}: a --split-seed run; rl_variant.py samples split seed 0's tasks only")
+    demo = json.loads(found.read_text())
     solved = {d["task_id"] for d in demo if d["passed"]}
     solved_tasks = [b for b in train_used if b.task_id in solved]
     sft_path = run / "candidate" / "sft"
