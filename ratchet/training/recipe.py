@@ -51,7 +51,8 @@ class RecipeSettings:
     # GRPOSettings.turn_cost: among passes the shorter one is preferred (a fail keeps 0). 0.3 since
     # session 16: from run 15's SFT, RL - SFT +5.6 / +6.1 / +5.0 (recipe seeds 0-2) against +0.6 / -6.1 /
     # -2.8 without it on 164 problems; on 40 problems +1.9 pooled, +2.4 without (bench/rl_variant.py --turn-cost;
-    # docs/training.md, runs 16-17). Run 18 (bench/learning.py's defaults, 3 seeds pooled): +6.1 [+0.4, +12.2]
+    # docs/training.md, runs 16-17). Runs 18 / 19 (bench/learning.py's defaults, 3 seeds
+    # pooled, two samples of tasks): +6.1 [+0.4, +12.2] / +2.6 [-2.8, +7.6]
     rl_turn_cost: float = 0.3
     rl_updates_per_step: int = 1       # optimizer steps per batch of rollouts (GRPOSettings.updates_per_step)
     rl_temperature: float = 1.0
