@@ -65,6 +65,25 @@ def problem_number(b) -> int:
     return int(str(b.metadata.get("problem_id", "x/0")).split("/")[-1])
 
 
+def split_tasks(tasks, *, val_tasks: int, train_tasks: int, split_seed: int = 0):
+    """-> (train, val, train_used): the split BY PROBLEM (even problem numbers train, odd ones
+    validation), the validation sample (Random(split_seed)) and the train tasks the demonstrator
+    runs on (Random(split_seed + 1)). bench/rl_variant.py calls this too, so both see the same tasks."""
+    import random
+
+    tasks = sorted(tasks, key=lambda b: b.task_id)
+    train = [b for b in tasks if problem_number(b) % 2 == 0]
+    val = [b for b in tasks if problem_number(b) % 2 == 1]
+    assert not {problem_number(b) for b in train} & {problem_number(b) for b in val}
+    return (train, random.Random(split_seed).sample(val, min(val_tasks, len(val))),
+            random.Random(split_seed + 1).sample(train, min(train_tasks, len(train))))
+
+
+def data_file(out: Path, n_train: int, k: int, max_turns: int, split_seed: int = 0) -> Path:
+    """Where a run's demonstrations are cached (split seed 0: the name every run before run 19 wrote)."""
+    return out / f"data-v2-{n_train}-{k}-{max_turns}{'-s%d' % split_seed if split_seed else ''}.json"
+
+
 def first_try(messages, passed: bool) -> bool:
     applies = sum(1 for m in messages if m.get("role") == "assistant"
                   for c in m.get("tool_calls") or () if c["function"]["name"] == "apply_edit")
@@ -238,12 +257,9 @@ def main(argv=None) -> int:
 
     suite = build_suite(seed=0, limit=size["problems"] or None)     # --problems 0: all 164
     tasks = sorted(suite.tasks, key=lambda b: b.task_id)
-    train = [b for b in tasks if problem_number(b) % 2 == 0]
-    val = [b for b in tasks if problem_number(b) % 2 == 1]
-    assert not {problem_number(b) for b in train} & {problem_number(b) for b in val}
+    train, val, train_used = split_tasks(tasks, val_tasks=size["val_tasks"], train_tasks=size["train_tasks"],
+                                         split_seed=a.split_seed)
     import random
-    val = random.Random(a.split_seed).sample(val, min(size["val_tasks"], len(val)))
-    train_used = random.Random(a.split_seed + 1).sample(train, min(size["train_tasks"], len(train)))
     prior = fit_prior(train)
     # the proof, in every run: the prior (the prior harness's, the demonstrator's and the view's)
     # counts train tasks only, and no validation problem
@@ -272,7 +288,7 @@ def main(argv=None) -> int:
 
     c = cpu_now()
     # v2: the structured agent follows the mask's attempt structure (no give-up before the turn limit)
-    cached = out / f"data-v2-{len(train_used)}-{a.k}-{a.max_turns}{'-s%d' % a.split_seed if a.split_seed else ''}.json"
+    cached = data_file(out, len(train_used), a.k, a.max_turns, a.split_seed)
     if a.reuse_data and cached.exists():
         demo = json.loads(cached.read_text())
     else:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import sys
 import time
@@ -45,6 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--problems", type=int, default=0,
                     help="the --problems of the learning run in --run (0: all 164, bench/learning.py's default "
                          "since run 18; 40: runs 1-11 and 17)")
+    ap.add_argument("--split-seed", type=int, default=0, help="the --split-seed of the learning run in --run")
     ap.add_argument("--curriculum", choices=("solved", "train", "fresh"), default="solved",
                     help="fresh: the train tasks SFT never saw that the demonstrator solved (the run's "
                          "curriculum-v2-*.json, from bench/learning.py --rl-curriculum fresh)")
@@ -90,13 +90,12 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     say = lambda s: print(f"[{time.monotonic() - t0:6.0f}s] {s}", flush=True)   # noqa: E731
     # bench/learning.py's split and samples (124 train tasks, 60 validation) on the run's problems
-    tasks = sorted(build_suite(seed=0, limit=a.problems or None).tasks, key=lambda b: b.task_id)
-    train = [b for b in tasks if L.problem_number(b) % 2 == 0]
-    val = random.Random(0).sample([b for b in tasks if L.problem_number(b) % 2 == 1], 60)[:a.limit]
-    train_used = random.Random(1).sample(train, 124)
-    found = next(run.glob("data-v2-124-*.json"))
-    if "-s" in found.stem:    # bench/learning.py --split-seed N: other tasks than the samples above
-        raise SystemExit(f"{found.name}: a --split-seed run; rl_variant.py samples split seed 0's tasks only")
+    train, val, train_used = L.split_tasks(build_suite(seed=0, limit=a.problems or None).tasks, val_tasks=60,
+                                           train_tasks=124, split_seed=a.split_seed)
+    val = val[:a.limit]
+    found = L.data_file(run, 124, 4, 14, a.split_seed)
+    if not found.exists():
+        raise SystemExit(f"{found}: missing (is --run a bench/learning.py output with this --split-seed and --problems?)")
     demo = json.loads(found.read_text())
     solved = {d["task_id"] for d in demo if d["passed"]}
     solved_tasks = [b for b in train_used if b.task_id in solved]
