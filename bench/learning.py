@@ -84,6 +84,31 @@ def data_file(out: Path, n_train: int, k: int, max_turns: int, split_seed: int =
     return out / f"data-v2-{n_train}-{k}-{max_turns}{'-s%d' % split_seed if split_seed else ''}.json"
 
 
+def fresh_solved(out: Path, train, train_used, *, prior, k: int, max_turns: int, n: int, runtime,
+                 reuse: bool = True) -> list:
+    """The train tasks SFT never saw that the demonstrator solves: `n` of the unused train tasks
+    (Random(2)), each tried once by the structured agent; the ids are cached in
+    `out/curriculum-v2-<n>-<k>-<max_turns>.json` (bench/rl_variant.py reads the same file)."""
+    import random
+
+    used = {b.task_id for b in train_used}
+    rest = [b for b in train if b.task_id not in used]
+    if not rest:
+        raise SystemExit("a fresh curriculum: every train task is already a demonstration task "
+                         "(raise --problems or lower --train-tasks)")
+    pool = random.Random(2).sample(rest, min(n, len(rest)))
+    cached = out / f"curriculum-v2-{len(pool)}-{k}-{max_turns}.json"
+    if reuse and cached.exists():
+        ids = set(json.loads(cached.read_text()))
+    else:
+        ids = {d["task_id"] for d in run_harness("structured", pool, prior=prior, k=k, max_turns=max_turns,
+                                                 runtime=runtime) if d["passed"]}
+        cached.write_text(json.dumps(sorted(ids)))
+    fresh = [b for b in pool if b.task_id in ids]
+    assert not {b.task_id for b in fresh} & used
+    return fresh
+
+
 def first_try(messages, passed: bool) -> bool:
     applies = sum(1 for m in messages if m.get("role") == "assistant"
                   for c in m.get("tool_calls") or () if c["function"]["name"] == "apply_edit")
@@ -188,13 +213,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rl-beta", type=float, default=0.04)
     ap.add_argument("--rl-updates-per-step", type=int, default=1,
                     help="optimizer steps per batch of GRPO rollouts (clipped ratio after the first)")
-    ap.add_argument("--rl-curriculum", choices=("solved", "train", "fresh"), default="solved",
+    ap.add_argument("--rl-curriculum", choices=("solved", "train", "fresh", "mixed"), default="solved",
                     help="GRPO tasks: the train tasks the demonstrator solved (SFT's own tasks), every "
                          "train task used, or 'fresh': train tasks SFT never saw that the demonstrator solves "
                          "(--fresh-tasks of them are tried; needs more train tasks than --train-tasks, e.g. "
-                         "--problems 0)")
+                         "--problems 0), or 'mixed': solved and fresh together")
     ap.add_argument("--fresh-tasks", type=int, default=124,
-                    help="with --rl-curriculum fresh: how many unused train tasks the demonstrator tries")
+                    help="with --rl-curriculum fresh or mixed: how many unused train tasks the demonstrator tries")
     ap.add_argument("--rl-turn-cost", type=float, default=None,
                     help="GRPO's reward for a pass x (1 - c * turns / max_turns): the shorter pass is preferred "
                          "(default RecipeSettings.rl_turn_cost, 0.3 since run 16; 0: runs 1-15; a fail keeps 0)")
@@ -259,7 +284,6 @@ def main(argv=None) -> int:
     tasks = sorted(suite.tasks, key=lambda b: b.task_id)
     train, val, train_used = split_tasks(tasks, val_tasks=size["val_tasks"], train_tasks=size["train_tasks"],
                                          split_seed=a.split_seed)
-    import random
     prior = fit_prior(train)
     # the proof, in every run: the prior (the prior harness's, the demonstrator's and the view's)
     # counts train tasks only, and no validation problem
@@ -299,25 +323,14 @@ def main(argv=None) -> int:
     solved = {d["task_id"] for d in demo if d["passed"]}
     curriculum = [b for b in train_used if a.rl_curriculum == "train" or b.task_id in solved]
     cpu["curriculum"] = 0.0
-    if a.rl_curriculum == "fresh":
+    if a.rl_curriculum in ("fresh", "mixed"):
         # GRPO on train tasks SFT never saw: its groups then reward what carries over to a new task,
-        # not the recall of a demonstration SFT was fitted to (the demonstrator's pass = groups hold passes)
+        # not the recall of a demonstration SFT was fitted to (the demonstrator's pass = groups hold passes);
+        # "mixed": those and the demonstration tasks together
         c = cpu_now()
-        used = {b.task_id for b in train_used}
-        rest = [b for b in train if b.task_id not in used]
-        if not rest:
-            raise SystemExit("--rl-curriculum fresh: every train task is already a demonstration task "
-                             "(raise --problems or lower --train-tasks)")
-        pool = random.Random(2).sample(rest, min(a.fresh_tasks, len(rest)))
-        cached_c = out / f"curriculum-v2-{len(pool)}-{a.k}-{a.max_turns}.json"
-        if a.reuse_data and cached_c.exists():
-            fresh_solved = set(json.loads(cached_c.read_text()))
-        else:
-            fresh_solved = {d["task_id"] for d in run_harness("structured", pool, prior=prior, k=a.k,
-                                                               max_turns=a.max_turns, runtime=rt) if d["passed"]}
-            cached_c.write_text(json.dumps(sorted(fresh_solved)))
-        curriculum = [b for b in pool if b.task_id in fresh_solved]
-        assert not {b.task_id for b in curriculum} & used
+        fresh = fresh_solved(out, train, train_used, prior=prior, k=a.k, max_turns=a.max_turns, n=a.fresh_tasks,
+                             runtime=rt, reuse=a.reuse_data)
+        curriculum = fresh if a.rl_curriculum == "fresh" else curriculum + fresh
         cpu["curriculum"] = cpu_now() - c
     say(f"training data: the structured agent solved {len(data)}/{len(demo)} train tasks "
         f"({cpu['data']:.0f} CPU s); RL curriculum: {len(curriculum)} tasks ({a.rl_curriculum}"

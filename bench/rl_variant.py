@@ -45,9 +45,10 @@ def main(argv=None) -> int:
                     help="the --problems of the learning run in --run (0: all 164, bench/learning.py's default "
                          "since run 18; 40: runs 1-11 and 17)")
     ap.add_argument("--split-seed", type=int, default=0, help="the --split-seed of the learning run in --run")
-    ap.add_argument("--curriculum", choices=("solved", "train", "fresh"), default="solved",
-                    help="fresh: the train tasks SFT never saw that the demonstrator solved (the run's "
-                         "curriculum-v2-*.json, from bench/learning.py --rl-curriculum fresh)")
+    ap.add_argument("--curriculum", choices=("solved", "train", "fresh", "mixed"), default="solved",
+                    help="fresh: the train tasks SFT never saw that the demonstrator solves (the run's "
+                         "curriculum-v2-124-4-14.json, found and cached there when missing: learning.fresh_solved); "
+                         "mixed: solved and fresh together")
     ap.add_argument("--turn-cost", type=float, default=None,
                     help="RecipeSettings.rl_turn_cost (default: the recipe's, 0.3 since session 16; 0 = none)")
     ap.add_argument("--updates-per-step", type=int, default=1)
@@ -121,10 +122,10 @@ def main(argv=None) -> int:
         return 0
 
     cur = train_used if a.curriculum == "train" else solved_tasks
-    if a.curriculum == "fresh":
-        fresh = set(json.loads(next(run.glob("curriculum-v2-*.json")).read_text()))
-        cur = [b for b in train if b.task_id in fresh]
-        assert cur and not fresh & {b.task_id for b in train_used}
+    if a.curriculum in ("fresh", "mixed"):
+        from sandboxes.agents import fit_prior
+        fresh = L.fresh_solved(run, train, train_used, prior=fit_prior(train), k=4, max_turns=14, n=124, runtime=rt)
+        cur = fresh if a.curriculum == "fresh" else solved_tasks + fresh
     shape = {k: v for k, v in (("rl_tasks_per_step", a.tasks_per_step), ("rl_group_size", a.group_size)) if v}
     rs = RecipeSettings(rl_steps=a.steps, rl_lr=a.lr, rl_updates_per_step=a.updates_per_step, max_turns=14,
                         rl_turn_cost=a.turn_cost,
