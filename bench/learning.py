@@ -213,6 +213,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rl-beta", type=float, default=0.04)
     ap.add_argument("--rl-updates-per-step", type=int, default=1,
                     help="optimizer steps per batch of GRPO rollouts (clipped ratio after the first)")
+    ap.add_argument("--rl-minibatches", type=int, default=None,
+                    help="optimizer steps per pass over a GRPO step's rollouts, the same CPU "
+                         "(default RecipeSettings.rl_minibatches)")
     ap.add_argument("--rl-curriculum", choices=("solved", "train", "fresh", "mixed"), default="solved",
                     help="GRPO tasks: the train tasks the demonstrator solved (SFT's own tasks), every "
                          "train task used, or 'fresh': train tasks SFT never saw that the demonstrator solves "
@@ -244,6 +247,9 @@ def main(argv=None) -> int:
     for key in STRUCT_SIZE["default"]:
         ap.add_argument("--" + key.replace("_", "-"), type=type(STRUCT_SIZE["default"][key]), default=None)
     a = ap.parse_args(argv)
+    if a.rl_minibatches is None:
+        from ratchet.training.recipe import RecipeSettings as _RS
+        a.rl_minibatches = _RS().rl_minibatches
     if a.rl_turn_cost is None:
         from ratchet.training.recipe import RecipeSettings as _RS
         a.rl_turn_cost = _RS().rl_turn_cost
@@ -339,6 +345,7 @@ def main(argv=None) -> int:
     rs = RecipeSettings(sft_epochs=size["sft_epochs"], rl_steps=size["rl_steps"], rl_lr=a.rl_lr, rl_beta=a.rl_beta,
                         sft_lr=a.sft_lr, masked_logprobs=not a.unmasked_logprobs,
                         rl_updates_per_step=a.rl_updates_per_step, rl_turn_cost=a.rl_turn_cost,
+                        rl_minibatches=a.rl_minibatches,
                         rl_tasks_per_step=size["rl_tasks_per_step"], rl_group_size=size["rl_group_size"],
                         max_turns=a.max_turns, prior_view=not a.no_prior_view, hide_task=a.hide_task,
                         rank_actions=a.rank_actions)
@@ -437,7 +444,7 @@ def main(argv=None) -> int:
         **{f"{k}_pass_ci": results[k]["pass_ci"] for k in results},
         "train_cpu_min": round((cpu["sft"] + cpu["rl_max"]) / 60, 2), "settings": {**size, "rl_lr": a.rl_lr,
                                                                           "rl_beta": a.rl_beta, "sft_lr": a.sft_lr,
-                                                                          "rl_updates_per_step": a.rl_updates_per_step,
+                                                                          "rl_updates_per_step": a.rl_updates_per_step, "rl_minibatches": a.rl_minibatches,
                                                                           "rl_curriculum": a.rl_curriculum, "rl_turn_cost": a.rl_turn_cost,
                                                                           "temperature": a.temperature,
                                                                           "masked_logprobs": not a.unmasked_logprobs,

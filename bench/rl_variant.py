@@ -52,6 +52,8 @@ def main(argv=None) -> int:
     ap.add_argument("--turn-cost", type=float, default=None,
                     help="RecipeSettings.rl_turn_cost (default: the recipe's, 0.3 since session 16; 0 = none)")
     ap.add_argument("--updates-per-step", type=int, default=1)
+    ap.add_argument("--minibatches", type=int, default=None,
+                    help="optimizer steps per pass over a step's rollouts (RecipeSettings.rl_minibatches; default the recipe's)")
     ap.add_argument("--steps", type=int, default=None,
                     help="GRPO steps (default: the recipe's, 12, as bench/learning.py; runs 9-10 and H-H3 used 14)")
     ap.add_argument("--tasks-per-step", type=int, default=None, help="GRPO tasks per step (default: the recipe's)")
@@ -126,7 +128,8 @@ def main(argv=None) -> int:
         from sandboxes.agents import fit_prior
         fresh = L.fresh_solved(run, train, train_used, prior=fit_prior(train), k=4, max_turns=14, n=124, runtime=rt)
         cur = fresh if a.curriculum == "fresh" else solved_tasks + fresh
-    shape = {k: v for k, v in (("rl_tasks_per_step", a.tasks_per_step), ("rl_group_size", a.group_size)) if v}
+    shape = {k: v for k, v in (("rl_tasks_per_step", a.tasks_per_step), ("rl_group_size", a.group_size),
+                               ("rl_minibatches", a.minibatches)) if v}
     rs = RecipeSettings(rl_steps=a.steps, rl_lr=a.lr, rl_updates_per_step=a.updates_per_step, max_turns=14,
                         rl_turn_cost=a.turn_cost,
                         hide_task=a.hide_task, seed=a.seed, **shape)
@@ -144,7 +147,7 @@ def main(argv=None) -> int:
         new_sft = (L.summarise(rows), L.per_task_rate(rows))
         say(f"eval sft (view names no task): {new_sft[0]}")
     say(f"curriculum {a.curriculum}: {len(cur)} tasks; updates/step {a.updates_per_step}; steps {a.steps}; lr {a.lr}; "
-        f"{rs.rl_tasks_per_step} tasks x {rs.rl_group_size} rollouts a step")
+        f"{rs.rl_tasks_per_step} tasks x {rs.rl_group_size} rollouts a step in {rs.rl_minibatches} minibatch(es)")
 
     def on_step(r):
         say(f"  rl step {r['step']}: pass {r['pass_rate']} kl {r['kl']:.4f} ent {r['entropy']:.3f} "
@@ -172,7 +175,7 @@ def main(argv=None) -> int:
     sft_p = new_sft[0]["pass"] if new_sft else sum(v for t, v in old["sft"].items() if t in pt) / len(pt)
     print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum, "hide_task": a.hide_task,
                       "updates_per_step": a.updates_per_step, "steps": a.steps, "turn_cost": a.turn_cost,
-                      "tasks_per_step": rs.rl_tasks_per_step, "group_size": rs.rl_group_size, "lr": a.lr, "seed": a.seed,
+                      "tasks_per_step": rs.rl_tasks_per_step, "group_size": rs.rl_group_size, "minibatches": rs.rl_minibatches, "lr": a.lr, "seed": a.seed,
                       "rl_pass": res["pass"], "rl_pass_ci": res["pass_ci"], "rl_first_try": res["first_try"],
                       "train_cpu_min": round((rl.cpu_s + sft_cpu) / 60, 2), "paired": paired,
                       "baseline": "sft", "sft_pass": sft_p, "ratio": round(res["pass"] / sft_p, 3) if sft_p else None}))

@@ -75,6 +75,12 @@ class GRPOSettings:
     updates_per_step: int = 1          # optimizer steps per batch of rollouts (TRL's num_iterations, PPO's
                                        # epochs): after the first the ratio to the sampler's logprobs moves
                                        # off 1 and the clip bounds how far the batch can pull the policy
+    # optimizer steps per pass over a batch of rollouts: its sequences in this many consecutive
+    # chunks (whole groups when it divides tasks_per_step), each its own token-mean loss and AdamW
+    # step (TRL's steps_per_generation, PPO's minibatches). The same forward and backward passes as
+    # one step, so the same CPU, but k times the optimizer steps; after the first chunk the ratio to
+    # the sampler's logprobs leaves 1 and the clip bounds how far a chunk pulls the policy.
+    minibatches: int = 1
     rollout_workers: int = 1           # >1: each step's episodes over that many worker processes
                                        # (ratchet.policy.rollout_pool: the same records, generation on
                                        # every core; bench/rollout.py)
@@ -83,9 +89,9 @@ class GRPOSettings:
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has no baseline")
         if min(self.steps, self.tasks_per_step, self.checkpoint_every, self.max_tokens, self.max_turns,
-               self.updates_per_step, self.rollout_workers) < 1:
-            raise ValueError("steps, tasks_per_step, checkpoint_every, max_tokens, max_turns, updates_per_step and "
-                             "rollout_workers must be >= 1")
+               self.updates_per_step, self.minibatches, self.rollout_workers) < 1:
+            raise ValueError("steps, tasks_per_step, checkpoint_every, max_tokens, max_turns, updates_per_step, "
+                             "minibatches and rollout_workers must be >= 1")
         if not 0.0 <= self.turn_cost < 1.0:
             raise ValueError("turn_cost must be in [0, 1): a passing episode must keep a positive reward")
         if self.learning_rate <= 0 or self.temperature <= 0 or self.beta < 0:
@@ -197,49 +203,72 @@ def _token_logprobs(model, ids, temperature: float, allowed=None):
     return torch.cat([zero, lp]), torch.cat([zero, ent.detach()])
 
 
+def minibatches(seqs: list[dict], k: int) -> list[list[dict]]:
+    """`seqs` in at most `k` consecutive, non-empty chunks of near-equal size (build_update keeps
+    each group's sequences together, so chunks hold whole groups when k divides the groups)."""
+    n = len(seqs)
+    return [c for c in (seqs[i * n // k:(i + 1) * n // k] for i in range(k)) if c]
+
+
 def grpo_update(model, ref_model, optimizer, seqs: list[dict], settings: GRPOSettings) -> dict:
-    """`settings.updates_per_step` optimizer steps over `seqs` (from build_update): token-mean loss
-    over all policy tokens of the batch, accumulated one sequence at a time (memory stays one
-    sequence). The reference's logprobs are computed once per batch (its weights are frozen).
-    Stats: loss, KL, entropy, logprob gap and grad norm of the first pass (ratio 1: the
-    sampler's weights); `clip_fraction` of the later passes (0 with one update)."""
+    """`settings.updates_per_step` passes over `seqs` (from build_update), each in
+    `settings.minibatches` chunks with one optimizer step per chunk: token-mean loss over the
+    chunk's policy tokens, accumulated one sequence at a time (memory stays one sequence). The
+    reference's logprobs are computed once per batch (its weights are frozen). Stats: loss, KL
+    and entropy of the first pass (token-weighted over the batch), logprob gap and grad norm of the
+    first chunk (ratio 1: the sampler's weights); `clip_fraction` over every later chunk and pass
+    (0 with one update of one chunk); `optimizer_steps`."""
     import torch
 
     from ratchet.training.grpo import token_loss
 
     n_tok = sum(sum(s["mask"]) for s in seqs)
     stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "policy_tokens": n_tok,
-             "logprob_gap": 0.0, "grad_norm": 0.0}
+             "logprob_gap": 0.0, "grad_norm": 0.0, "optimizer_steps": 0}
     if not seqs or n_tok == 0:
         return stats
     model.train()
-    refs: list = [None] * len(seqs)
+    refs: dict = {}
+    chunks = minibatches(seqs, settings.minibatches)
+    clipped = later_tok = 0.0
     for it in range(settings.updates_per_step):
-        optimizer.zero_grad(set_to_none=True)
-        for i, s in enumerate(seqs):
-            w = sum(s["mask"]) / n_tok
-            lp, ent = _token_logprobs(model, s["input_ids"], settings.temperature, s.get("allowed"))
-            if refs[i] is None:
-                with torch.no_grad():
-                    refs[i] = _token_logprobs(ref_model, s["input_ids"], settings.temperature, s.get("allowed"))[0]
-            mask = torch.tensor([s["mask"]])
-            old = torch.tensor([s["old_logprobs"]], dtype=lp.dtype)
-            loss, st = token_loss(lp.unsqueeze(0), old, refs[i].unsqueeze(0), torch.tensor([float(s["advantage"])]),
-                                  mask, clip_eps=settings.clip_eps, beta=settings.beta)
-            (loss * w).backward()
-            if it:
-                stats["clip_fraction"] += st["clip_fraction"] * w / (settings.updates_per_step - 1)
+        for ci, chunk in enumerate(chunks):
+            first = it == 0 and ci == 0
+            c_tok = sum(sum(s["mask"]) for s in chunk)
+            if c_tok == 0:
                 continue
-            m = mask[0].bool()
-            stats["loss"] += float(loss.detach()) * w
-            stats["kl"] += st["kl"] * w
-            stats["entropy"] += float(ent[m].mean()) * w
-            # the sampler's logprobs vs this forward pass on the same weights (should be ~0)
-            stats["logprob_gap"] = max(stats["logprob_gap"], float((lp.detach()[m] - old[0][m]).abs().max()))
-        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm))
-        if not it:
-            stats["grad_norm"] = norm
-        optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            for s in chunk:
+                k = sum(s["mask"])
+                lp, ent = _token_logprobs(model, s["input_ids"], settings.temperature, s.get("allowed"))
+                if id(s) not in refs:
+                    with torch.no_grad():
+                        refs[id(s)] = _token_logprobs(ref_model, s["input_ids"], settings.temperature,
+                                                      s.get("allowed"))[0]
+                mask = torch.tensor([s["mask"]])
+                old = torch.tensor([s["old_logprobs"]], dtype=lp.dtype)
+                loss, st = token_loss(lp.unsqueeze(0), old, refs[id(s)].unsqueeze(0),
+                                      torch.tensor([float(s["advantage"])]), mask, clip_eps=settings.clip_eps,
+                                      beta=settings.beta)
+                (loss * (k / c_tok)).backward()
+                if not first:
+                    clipped += st["clip_fraction"] * k
+                    later_tok += k
+                if it:
+                    continue
+                w, m = k / n_tok, mask[0].bool()
+                stats["loss"] += float(loss.detach()) * w
+                stats["kl"] += st["kl"] * w
+                stats["entropy"] += float(ent[m].mean()) * w
+                if first:
+                    # the sampler's logprobs vs this forward pass on the same weights (should be ~0)
+                    stats["logprob_gap"] = max(stats["logprob_gap"], float((lp.detach()[m] - old[0][m]).abs().max()))
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm))
+            if first:
+                stats["grad_norm"] = norm
+            optimizer.step()
+            stats["optimizer_steps"] += 1
+    stats["clip_fraction"] = clipped / later_tok if later_tok else 0.0
     model.eval()
     return stats
 

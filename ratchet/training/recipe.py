@@ -55,6 +55,7 @@ class RecipeSettings:
     # pooled, two samples of tasks): +6.1 [+0.4, +12.2] / +2.6 [-2.8, +7.6]
     rl_turn_cost: float = 0.3
     rl_updates_per_step: int = 1       # optimizer steps per batch of rollouts (GRPOSettings.updates_per_step)
+    rl_minibatches: int = 1            # optimizer steps per pass over a batch, same CPU (GRPOSettings.minibatches)
     rl_temperature: float = 1.0
     # GRPO rollouts over worker processes (ratchet.policy.rollout_pool): the same records, about the
     # same CPU, generation on both cores (bench/rollout.py, 9 runs: median 4.41x one at a time
@@ -97,6 +98,7 @@ class RecipeSettings:
                             checkpoint_every=max(1, self.rl_steps // 3), seed=self.seed, threads=self.threads,
                             thought_chars=0, max_string=32, action_mask="structured", choice_only=self.choice_only,
                             masked_logprobs=self.masked_logprobs, updates_per_step=self.rl_updates_per_step,
+                            minibatches=self.rl_minibatches,
                             turn_cost=self.rl_turn_cost,
                             rollout_workers=self.rl_rollout_workers)
 

@@ -239,3 +239,53 @@ def test_rollout_workers_train_the_same_weights(start, bundles, runtime, tmp_pat
     assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
     # the workers' start-up (they import torch: seconds) is in the first step's CPU
     assert pooled.history[0]["cpu_s"] >= calls[0].cpu_s / 2
+
+
+def test_minibatches_take_an_optimizer_step_per_chunk_on_the_same_passes(start, bundles, runtime):
+    """minibatches=2 (TRL's steps_per_generation): one pass over the batch in two chunks, an AdamW
+    step after each: two optimizer steps for the forward passes of one (the reference still once
+    per sequence), the second chunk off-policy (clipped at this lr), every sequence trained on
+    exactly once a pass, and the weights moved further than by one step over the batch."""
+    import copy
+
+    import torch
+
+    from ratchet.training.grpo_loop import _token_logprobs, minibatches
+
+    one = GRPOSettings(**{**TINY_RL, "tasks_per_step": 1, "group_size": 4})
+    two = replace(one, minibatches=2)
+    with pytest.raises(ValueError, match="minibatches"):
+        replace(one, minibatches=0)
+    xs = [{"i": i} for i in range(7)]
+    assert [[x["i"] for x in c] for c in minibatches(xs, 3)] == [[0, 1], [2, 3], [4, 5, 6]]
+    assert minibatches(xs[:2], 4) == [[xs[0]], [xs[1]]]        # never an empty chunk
+
+    model, _, recs = _rollout(start, bundles, runtime, one)
+    hand = [replace(recs[0], reward=1.0)] + [replace(r, reward=0.0) for r in recs[1:]]
+    seqs, _ = build_update(hand, 4)
+    ref = copy.deepcopy(model).requires_grad_(False)
+    calls, fwd = [], []
+    ref.register_forward_hook(lambda *_: calls.append(1))
+    m1, m2 = copy.deepcopy(model), copy.deepcopy(model)
+    m2.register_forward_hook(lambda *_: fwd.append(1))
+    o1, o2 = torch.optim.AdamW(m1.parameters(), lr=5e-2), torch.optim.AdamW(m2.parameters(), lr=5e-2)
+    st1 = grpo_update(m1, ref, o1, seqs, one)
+    calls.clear()
+    st2 = grpo_update(m2, ref, o2, seqs, two)
+    assert st1["optimizer_steps"] == 1 and st2["optimizer_steps"] == 2
+    assert len(fwd) == len(seqs) and len(calls) == len(seqs)   # no extra forward passes
+    assert next(iter(o2.state.values()))["step"] == 2
+    assert st1["clip_fraction"] == 0.0 and st2["clip_fraction"] > 0.0
+    assert st2["policy_tokens"] == st1["policy_tokens"] and st2["logprob_gap"] < 1e-3
+
+    def logp(m, q):
+        with torch.no_grad():
+            lp, _ = _token_logprobs(m, q["input_ids"], 1.0)
+        return float((lp * torch.tensor(q["mask"])).sum())
+    olds = [sum(lp for lp, k in zip(q["old_logprobs"], q["mask"]) if k) for q in seqs]
+    # the second chunk (two failed episodes) got a step of its own: both less likely than sampled
+    assert logp(m2, seqs[2]) < olds[2] and logp(m2, seqs[3]) < olds[3]
+
+    def dist(m):
+        return sum(float((p - q).pow(2).sum()) for p, q in zip(m.parameters(), model.parameters())) ** 0.5
+    assert dist(m2) > dist(m1) > 0                              # two steps move the weights further than one
