@@ -2,15 +2,21 @@
 
     tasks + split_assignments --> base_policy (unpartitioned; content-keyed, built once)
     base_policy + training_set [training_set_clean] + split_assignments [contamination] --> sft_checkpoint [candidate]
-    sft_checkpoint + split_assignments --> rl_checkpoint [candidate]
+    sft_checkpoint + training_set + split_assignments --> rl_checkpoint [candidate]
     sft_checkpoint + training_set --> dpo_checkpoint [candidate] (optional: preferred vs rejected pairs)
+
+Every training asset first reads the governance evidence from the warehouse (ratchet.training.gate:
+a passed contamination report covering the current splits, a clean training_set, the tenant's rows
+still trainable now) and refuses to train without it: the blocking checks stop their own run's
+downstream steps only, and `train_candidate` or a click in the UI runs these assets alone.
 
 Candidates are dynamic partitions ("candidates", keys "<tenant>:<name>": add one with
 `register_candidate`, the UI or a schedule). SFT reads only the tenant's consented `training_set`
 (ratchet.training.data); RL runs GRPO episodes on train-split tasks in the sandbox. Each checkpoint
 becomes an MLflow model version of `ratchet-<tenant>-<name>` with its lineage tags and a
 `checkpoints` row (ratchet.training.lineage), so revoking a grant flags it and its RL children.
-Bodies read, call ratchet.training, write; the defaults are the demo's sizes, tests shrink them.
+Bodies read, call ratchet.training, write; the config defaults are RecipeSettings()' (the bench's
+recipe: 12 GRPO steps x 4 tasks x 8 rollouts); the demo passes its own sizes, tests shrink them.
 """
 # No `from __future__ import annotations`: Dagster resolves Config annotations at import time.
 
@@ -78,6 +84,18 @@ def _register(warehouse: WarehouseResource, context: dg.AssetExecutionContext, r
     _set_pointer(warehouse, {"path": str(checkpoint), "curve": str(out["curve"]),
                              **{k: out[k] for k in ("checkpoint_id", "model_name", "version")}}, cand, stage)
     return out
+
+
+def _gate(warehouse: WarehouseResource, context: dg.AssetExecutionContext, tenant: str) -> dict:
+    """The governance evidence training needs, read from the warehouse (ratchet.training.gate): the
+    blocking checks stop their own run's downstream steps only, and this asset may run alone."""
+    from ratchet.clock import now_utc
+    from ratchet.training.gate import require_training_gate
+
+    with warehouse.store().connect() as con:
+        gate = require_training_gate(con, tenant, now_utc())
+    context.log.info(f"training gate passed for {tenant}: {gate['evidence']}")
+    return gate["evidence"]
 
 
 def _train_tasks(warehouse: WarehouseResource, limit: int | None) -> list[dict]:
@@ -170,6 +188,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
 
     cand, home = context.partition_key, get_home(warehouse.home)
     tenant = tenant_of(cand)
+    gate = _gate(warehouse, context, tenant)
     base = _pointer(warehouse, "base")["path"]
     with warehouse.store().connect() as con:
         rows = tenant_training_rows(con, tenant)
@@ -195,7 +214,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
         home, out, run, out_dir, steps=res.steps, cpu_s=res.cpu_s, wall_s=res.wall_s, trajectories=res.n_examples,
         structured_trajectories=res.n_structured, task_in_view="hidden" if task_hidden(res.view) else "shown",
         loss_first=res.losses[0] if res.losses else None, loss_last=res.losses[-1] if res.losses else None,
-        loss_tokens=res.n_loss_tokens))
+        loss_tokens=res.n_loss_tokens, gate=dg.MetadataValue.json(gate)))
 
 
 class DPOConfig(dg.Config):
@@ -223,6 +242,7 @@ def dpo_checkpoint(context: dg.AssetExecutionContext, config: DPOConfig, warehou
 
     cand, home = context.partition_key, get_home(warehouse.home)
     tenant = tenant_of(cand)
+    gate = _gate(warehouse, context, tenant)
     sft = _pointer(warehouse, cand, "sft")
     with warehouse.store().connect() as con:
         rows = tenant_training_rows(con, tenant, accepted_only=False)
@@ -243,7 +263,8 @@ def dpo_checkpoint(context: dg.AssetExecutionContext, config: DPOConfig, warehou
                                  for i, (v, m) in enumerate(zip(res.losses, res.reward_margins))])
     return dg.MaterializeResult(metadata=_metadata(
         home, out, run, out_dir, steps=res.steps, cpu_s=res.cpu_s, wall_s=res.wall_s, pairs=res.n_pairs,
-        loss_first=res.losses[0] if res.losses else None, loss_last=res.losses[-1] if res.losses else None))
+        loss_first=res.losses[0] if res.losses else None, loss_last=res.losses[-1] if res.losses else None,
+        gate=dg.MetadataValue.json(gate)))
 
 
 class RLConfig(dg.Config):
@@ -266,7 +287,7 @@ class RLConfig(dg.Config):
 
 
 @dg.asset(partitions_def=CANDIDATES, group_name="training", owners=OWNERS["training"], pool="training",
-          deps=["sft_checkpoint", "split_assignments"], kinds={"pytorch", "mlflow"},
+          deps=["sft_checkpoint", "training_set", "split_assignments"], kinds={"pytorch", "mlflow"},
           description="Multi-turn GRPO from the candidate's SFT checkpoint on train-split tasks in the sandbox "
                       "(grammar-constrained rollouts, verifier rewards, KL to the SFT policy); resumes from its "
                       "last checkpoint; an MLflow model version with lineage and a `checkpoints` row.")
@@ -284,6 +305,7 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
 
     cand, home = context.partition_key, get_home(warehouse.home)
     tenant = tenant_of(cand)          # a malformed candidate key fails before any work
+    gate = _gate(warehouse, context, tenant)
     sft = _pointer(warehouse, cand, "sft")
     tasks = _train_tasks(warehouse, config.task_limit)
     # the episodes run under config.max_turns, and the bundles say so (the limit is part of the
@@ -317,7 +339,7 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
     return dg.MaterializeResult(metadata=_metadata(
         home, out, run, res.checkpoint, steps=len(res.history), cpu_s=res.cpu_s, wall_s=res.wall_s,
         tasks=len(bundles), infra_failures=sum(h["infra_failures"] for h in res.history),
-        reward_last=last.get("reward"), pass_rate_last=last.get("pass_rate")))
+        reward_last=last.get("reward"), pass_rate_last=last.get("pass_rate"), gate=dg.MetadataValue.json(gate)))
 
 
 # One candidate end to end (SFT then RL), e.g. from a schedule that registers a new candidate each cycle.

@@ -1,7 +1,8 @@
 """The training assets on a tiny configuration: base_policy -> sft_checkpoint -> rl_checkpoint for
 one candidate partition, over a real DuckDB warehouse (ingested fixture trajectories, the consent
 gate's training_set, train-split tasks) and a real MLflow sqlite store under tmp_path. Lineage:
-model versions with their tags, per-step metrics, the curve; revoking the grant flags both."""
+model versions with their tags, per-step metrics, the curve; revoking the grant flags both; and
+the training gate (ratchet.training.gate) that refuses to train on unchecked or stale evidence."""
 import json
 import subprocess
 import sys
@@ -11,7 +12,9 @@ import pytest
 
 pytestmark = pytest.mark.training
 
-NOW = datetime(2026, 11, 28, tzinfo=UTC)
+# the training gate re-decides consent at the real now (grants expire 90 days after a trajectory),
+# so the fixture's times are relative to it, not a date that would expire
+NOW = datetime.now(UTC).replace(microsecond=0)
 GRANTS = [
     {"consent_id": "C-ACME", "tenant_id": "acme", "scopes": "train;eval", "retention_days": 90,
      "granted_at": "2026-09-01T00:00:00Z"},
@@ -34,6 +37,7 @@ def warehouse_home(tmp_path, trajectories, tools):
     consent_grants, training_set (the consent + split gate), tasks and their train split."""
     from ratchet import store, tables
     from ratchet.governance.consent import grant_rows, grants_from_rows
+    from ratchet.governance.tables import TRAJ_PREFIX
     from ratchet.governance.tasks import task_rows
     from ratchet.governance.training_views import training_rows
     from ratchet.ingest import IngestOptions, ingest
@@ -65,7 +69,11 @@ def warehouse_home(tmp_path, trajectories, tools):
         store.insert(con, "split_assignments", [
             {"id": f"task:{b.task_id}", "kind": "task", "source_id": b.task_id, "cluster_id": b.task_id,
              "slice": None, "split": "train", "reason": "test", "tenant_id": None, "assigned_at": NOW}
-            for b in bundles])
+            for b in bundles] + [
+            {"id": f"{TRAJ_PREFIX}{t['record_id']}", "kind": "trajectory", "source_id": t["record_id"],
+             "cluster_id": t["task_id"], "slice": t["tenant_id"], "split": "train", "reason": "test",
+             "tenant_id": t["tenant_id"], "assigned_at": NOW} for t in trajs])
+    _passed_report(wh, NOW + timedelta(seconds=1))          # the contamination check's verdict on these splits
     return tmp_path, wh
 
 
@@ -87,7 +95,7 @@ def test_training_module_loads_without_heavy_imports():
             "print(d.resolve_job_def('train_candidate').partitions_def.name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert {"base_policy", "sft_checkpoint", "dpo_checkpoint", "rl_checkpoint"} <= set(eval(out[0]))
-    assert eval(out[1]) == ["sft_checkpoint", "split_assignments"] and out[2] == "candidates"
+    assert eval(out[1]) == ["sft_checkpoint", "split_assignments", "training_set"] and out[2] == "candidates"
 
 
 def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_home):
@@ -131,6 +139,9 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
         assert mats[k]["learning_curve"].value.startswith("![learning curve](data:image/png;base64,")
         assert "/#/experiments/" in mats[k]["mlflow_run"].value
     assert mats["rl_checkpoint"]["steps"].value == 2
+    for k in stages:                                 # each stage says what the gate read
+        assert mats[k]["gate"].value["contamination"]["passed"] is True, k
+        assert mats[k]["gate"].value["training_set_violations"] == 0, k
     # the view names the task by default (RecipeSettings.hide_task): the metadata says what the
     # checkpoint saved
     from ratchet.home import get_home
@@ -186,3 +197,71 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
         con.execute("UPDATE consent_grants SET revoked_at = ? WHERE consent_id = 'C-ACME'", [NOW])
         _, new = flag_checkpoints(con, NOW + timedelta(seconds=1))
     assert new == [r["checkpoint_id"] for r in reg]
+
+
+def test_training_gate_refuses_unchecked_or_stale_evidence(warehouse_home):
+    """Each way the governance evidence can be missing, failed or stale gets a refusal that names it
+    and its fix; the assets refuse before any work (here: before base_policy exists)."""
+    import dagster as dg
+
+    from assets.training import register_candidate, rl_checkpoint, sft_checkpoint
+    from ratchet.clock import now_utc
+    from ratchet.training.gate import TrainingGateError, require_training_gate, training_gate
+    from resources import MlflowTracking, WarehouseResource
+
+    home, wh = warehouse_home
+
+    def problems():
+        with wh.connect() as con:
+            return training_gate(con, "acme", now_utc())["problems"]
+
+    assert problems() == []                                              # the fixture as the checks leave it
+    with wh.connect() as con:
+        con.execute("UPDATE split_assignments SET assigned_at = ?", [now_utc() + timedelta(minutes=5)])
+    assert len(problems()) == 1 and "after the newest contamination check" in problems()[0]
+    with wh.connect() as con:
+        con.execute("UPDATE contamination_report SET checked_at = ?, passed = false, overlap_fraction = 0.02",
+                    [now_utc() + timedelta(minutes=10)])
+    assert len(problems()) == 1 and "failed: 2.00% of" in problems()[0]
+    with wh.connect() as con:
+        con.execute("DELETE FROM contamination_report")
+    assert problems() == ["no contamination report: run the `contamination` check on split_assignments"]
+
+    # the dagster path: both training assets refuse, naming the problem
+    instance = dg.DagsterInstance.ephemeral()
+    key = register_candidate(instance, "acme", "gated")
+    resources = {"warehouse": WarehouseResource(home=str(home)), "tracking": MlflowTracking(home=str(home))}
+    for asset in (sft_checkpoint, rl_checkpoint):
+        r = dg.materialize([asset], instance=instance, resources=resources, partition_key=key, raise_on_error=False)
+        assert not r.success
+        err = next(e for e in r.all_events if e.is_step_failure).event_specific_data.error
+        text = err.to_string()
+        assert "TrainingGateError: training refused for tenant 'acme'" in text and "no contamination report" in text
+
+    # a grant revoked after training_set was evaluated: the next batch would carry its rows
+    _passed_report(wh, now_utc() + timedelta(minutes=10))
+    assert problems() == []
+    with wh.connect() as con:
+        con.execute("UPDATE consent_grants SET revoked_at = ? WHERE consent_id = 'C-ACME'", [now_utc()])
+    [p] = problems()
+    assert "3 of tenant 'acme'" in p and "revoked" in p and "re-materialise training_set" in p
+    with wh.connect() as con:
+        # and training_set itself failing the training_set_clean query: globex's row in acme's view
+        con.execute("UPDATE consent_grants SET revoked_at = NULL")
+        con.execute("UPDATE training_set SET tenant_id = 'acme' WHERE tenant_id = 'globex'")
+        with pytest.raises(TrainingGateError, match="training_set_clean re-check: 1 cross_tenant"):
+            require_training_gate(con, "acme", now_utc())
+
+
+def _passed_report(wh, at):
+    """The `contamination` check's computation on the warehouse's splits, stored at `at`."""
+    from ratchet import store
+    from ratchet.clock import now_utc
+    from ratchet.governance.contamination import contamination_report, report_tables
+    from ratchet.governance.items import CONTAMINATION_KEYS, ITEMS_SQL, PREVIOUS_SPLITS_SQL
+
+    st = store.Store(wh)
+    rep = contamination_report(st.read(PREVIOUS_SPLITS_SQL), st.arrow(ITEMS_SQL), id_col="id", text_col="text",
+                               code_cols=("code",), key_cols=CONTAMINATION_KEYS, threshold=0.8, max_examples=5)
+    assert rep["passed"]
+    st.append(report_tables(rep, at, "test"))
