@@ -34,11 +34,15 @@ class DPOSettings:
     seed: int = 0
     threads: int = 1                     # see docs/training.md: 1 beat 2 by 2-3x per CPU-second here
     logging_steps: int = 1
+    lora: str = "auto"                   # as SFTSettings.lora: an adapter for > 50M parameters, merged on save
     overrides: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.beta <= 0 or self.learning_rate <= 0 or self.batch_size < 1:
             raise ValueError("beta and learning_rate must be > 0, batch_size >= 1")
+        from ratchet.policy.embedded.model import LORA_MODES
+        if self.lora not in LORA_MODES:
+            raise ValueError(f"lora must be one of {LORA_MODES}")
         if self.max_steps <= 0 and self.epochs <= 0:
             raise ValueError("set epochs > 0 or max_steps > 0")
 
@@ -112,7 +116,7 @@ def train_dpo(base: str | Path, pairs: Sequence[tuple[Mapping, Mapping]], out_di
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from ratchet.policy.embedded.model import load_policy
+    from ratchet.policy.embedded.model import load_policy, maybe_lora, merged
     from ratchet.training.data import data_manifest
 
     class _PreTokenized(DPOTrainer):
@@ -121,6 +125,7 @@ def train_dpo(base: str | Path, pairs: Sequence[tuple[Mapping, Mapping]], out_di
 
     if model is None or tokenizer is None:
         model, tokenizer = load_policy(base)
+    model, lora = maybe_lora(model, settings.lora, seed=settings.seed)
     examples, used = [], []
     for good, bad in pairs:
         ex = pair_example(good, bad, tokenizer, settings.max_length)
@@ -150,11 +155,14 @@ def train_dpo(base: str | Path, pairs: Sequence[tuple[Mapping, Mapping]], out_di
     losses = [h["loss"] for h in hist if "loss" in h]
     margins = [h["rewards/margins"] for h in hist if "rewards/margins" in h]
     out = Path(out_dir)
-    trainer.save_model(str(out))
+    if lora:
+        merged(trainer.model).save_pretrained(str(out))
+    else:
+        trainer.save_model(str(out))
     tokenizer.save_pretrained(str(out))
     manifest = data_manifest(used)
     (out / "ratchet_checkpoint.json").write_text(json.dumps({
-        "stage": "dpo", "parent": str(base), "settings": asdict(settings), "losses": losses,
+        "stage": "dpo", "parent": str(base), "settings": asdict(settings), "lora": lora, "losses": losses,
         "reward_margins": margins, "steps": trainer.state.global_step, "cpu_s": round(cpu_s, 3),
         "wall_s": round(wall_s, 3), "n_pairs": len(examples), **manifest}, indent=1))
     return DPOResult(out, losses, margins, trainer.state.global_step, round(cpu_s, 3), round(wall_s, 3),

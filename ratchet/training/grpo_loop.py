@@ -35,12 +35,14 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 CHECKPOINT_META = "ratchet_checkpoint.json"
 STATE = "trainer_state.pt"
 LAST = "LAST"
+ADAPTER = "adapter"                    # a LoRA run's adapter inside each step checkpoint (what resume loads)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,11 @@ class GRPOSettings:
     # one step, so the same CPU, but k times the optimizer steps; after the first chunk the ratio to
     # the sampler's logprobs leaves 1 and the clip bounds how far a chunk pulls the policy.
     minibatches: int = 1
+    # "auto": a peft LoRA adapter (no dropout: the update's forward must give the sampler's logprobs)
+    # when the start has > 50M parameters, full training otherwise; "on" / "off" force it. With an
+    # adapter the reference is the same model with the adapter off (no second copy), the rollouts run
+    # on a merged copy, and each checkpoint holds merged weights plus the adapter (for resume).
+    lora: str = "auto"
     rollout_workers: int = 1           # >1: each step's episodes over that many worker processes
                                        # (ratchet.policy.rollout_pool: the same records, generation on
                                        # every core; bench/rollout.py)
@@ -92,6 +99,9 @@ class GRPOSettings:
                self.updates_per_step, self.minibatches, self.rollout_workers) < 1:
             raise ValueError("steps, tasks_per_step, checkpoint_every, max_tokens, max_turns, updates_per_step, "
                              "minibatches and rollout_workers must be >= 1")
+        from ratchet.policy.embedded.model import LORA_MODES
+        if self.lora not in LORA_MODES:
+            raise ValueError(f"lora must be one of {LORA_MODES}")
         if not 0.0 <= self.turn_cost < 1.0:
             raise ValueError("turn_cost must be in [0, 1): a passing episode must keep a positive reward")
         if self.learning_rate <= 0 or self.temperature <= 0 or self.beta < 0:
@@ -211,7 +221,8 @@ def minibatches(seqs: list[dict], k: int) -> list[list[dict]]:
 
 
 def grpo_update(model, ref_model, optimizer, seqs: list[dict], settings: GRPOSettings) -> dict:
-    """`settings.updates_per_step` passes over `seqs` (from build_update), each in
+    """`ref_model` None: `model` is a peft model and its reference is itself with the adapter off.
+    `settings.updates_per_step` passes over `seqs` (from build_update), each in
     `settings.minibatches` chunks with one optimizer step per chunk: token-mean loss over the
     chunk's policy tokens, accumulated one sequence at a time (memory stays one sequence). The
     reference's logprobs are computed once per batch (its weights are frozen). Stats: loss, KL
@@ -242,8 +253,8 @@ def grpo_update(model, ref_model, optimizer, seqs: list[dict], settings: GRPOSet
                 k = sum(s["mask"])
                 lp, ent = _token_logprobs(model, s["input_ids"], settings.temperature, s.get("allowed"))
                 if id(s) not in refs:
-                    with torch.no_grad():
-                        refs[id(s)] = _token_logprobs(ref_model, s["input_ids"], settings.temperature,
+                    with torch.no_grad(), (model.disable_adapter() if ref_model is None else nullcontext()):
+                        refs[id(s)] = _token_logprobs(ref_model or model, s["input_ids"], settings.temperature,
                                                       s.get("allowed"))[0]
                 mask = torch.tensor([s["mask"]])
                 old = torch.tensor([s["old_logprobs"]], dtype=lp.dtype)
@@ -290,7 +301,11 @@ def save_checkpoint(out_dir: Path, step: int, model, tokenizer, optimizer, meta:
     final = out_dir / f"step-{step:05d}"
     tmp = out_dir / f".tmp-step-{step:05d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
+    from ratchet.policy.embedded.model import has_adapter, merged
+
+    merged(model).save_pretrained(str(tmp))       # plain weights: evaluation loads them without peft
+    if has_adapter(model):
+        model.save_pretrained(str(tmp / ADAPTER))  # the adapter alone: what resume continues from
     tokenizer.save_pretrained(str(tmp))
     torch.save({"step": step, "cursor": step, "optimizer": optimizer.state_dict(),
                 "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, tmp / STATE)
@@ -320,7 +335,7 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
     import torch
 
     from ratchet.policy.embedded.decoding import read_view
-    from ratchet.policy.embedded.model import load_policy
+    from ratchet.policy.embedded.model import load_policy, maybe_lora, merged
     from ratchet.policy.engines.transformers_engine import TransformersPolicy
     from ratchet.policy.rollout_pool import RolloutPool
     from ratchet.policy.runner import Sampling, run_episodes
@@ -332,10 +347,20 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
     view = read_view(start)
     task_ids = sorted(by_id)
     last = last_checkpoint(out) if resume else None
-    model, tok = load_policy(last or start)
-    ref_model, _ = load_policy(start) if last else (copy.deepcopy(model), None)
-    ref_model.eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.0)
+    model, tok = load_policy(start)
+    model, lora = maybe_lora(model, settings.lora, seed=settings.seed, dropout=0.0)
+    if lora:
+        ref_model = None                              # the adapter off (grpo_update)
+        if last:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+            set_peft_model_state_dict(model, load_file(str(last / ADAPTER / "adapter_model.safetensors")))
+    else:
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        if last:
+            model, _ = load_policy(last)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.learning_rate,
+                                  weight_decay=0.0)
     first, history, cpu_before, wall_before = 0, [], 0.0, 0.0
     if last:
         st = torch.load(last / STATE, weights_only=False)
@@ -362,8 +387,10 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
                       "grammar": {"bounds": settings.bounds()}, "action_mask": settings.action_mask,
                       "masked_logprobs": settings.masked_logprobs, **({"view": view} if view else {})}
             ep_jobs = [(by_id[t], s) for t, s in jobs]
-            recs = pool.run(model, tok, engine, ep_jobs, runtime=runtime, **rkw) if pool else \
-                run_episodes(TransformersPolicy(model, tok, **engine), ep_jobs, runtime=runtime, **rkw)
+            actor = merged(model)          # with an adapter: a plain copy to sample from (and ship to workers)
+            recs = pool.run(actor, tok, engine, ep_jobs, runtime=runtime, **rkw) if pool else \
+                run_episodes(TransformersPolicy(actor, tok, **engine), ep_jobs, runtime=runtime, **rkw)
+            del actor
             r0 = time.monotonic()
             seqs, counts = build_update(recs, settings.group_size, settings.choice_only,
                                         settings.turn_cost, settings.max_turns)

@@ -80,8 +80,9 @@ class RecipeSettings:
 
     @classmethod
     def demo(cls) -> "RecipeSettings":
-        """Sized for `make demo`: ~3 CPU-minutes on 2 cores with ~15 trajectories (SFT ~1.7k tokens
-        per CPU-second measured; RL ~22-33 CPU s per step of 12-16 episodes), plus sandbox time."""
+        """Sized for `make demo`: a few CPU-minutes on 2 cores with the demo's largest tenant's
+        ~36-52 trajectories (SFT ~1.7k tokens per CPU-second measured; RL ~22-33 CPU s per step of
+        12 episodes), plus sandbox time."""
         return cls(rl_steps=4, rl_tasks_per_step=2, rl_group_size=6)
 
     def sft(self):

@@ -40,6 +40,10 @@ class SFTSettings:
     logging_steps: int = 1
     save_steps: int = 0                 # 0 = only the final save
     thoughts: bool = True               # train on the text before each call (False: calls only)
+    # "auto": a peft LoRA adapter when the model has > 50M parameters (a large local base_policy),
+    # full fine-tuning otherwise (the embedded model); "on" / "off" force it. The saved checkpoint
+    # has the adapter merged in either way (model.merged): the next stage loads plain weights.
+    lora: str = "auto"
     overrides: dict = field(default_factory=dict)   # passed to trl.SFTConfig as is
 
     def __post_init__(self):
@@ -49,6 +53,9 @@ class SFTSettings:
             raise ValueError("set epochs > 0 or max_steps > 0")
         if self.threads < 1:
             raise ValueError("threads must be >= 1 (torch.set_num_threads)")
+        from ratchet.policy.embedded.model import LORA_MODES
+        if self.lora not in LORA_MODES:
+            raise ValueError(f"lora must be one of {LORA_MODES}")
         clash = {"output_dir", "assistant_only_loss", "bf16"} & set(self.overrides)
         if clash:
             raise ValueError(f"overrides may not set {sorted(clash)}: SFTSettings owns them")
@@ -110,11 +117,12 @@ def train_sft(base: str | Path, rows: Sequence[Mapping], out_dir: str | Path,
     the result to `out_dir` with `ratchet_checkpoint.json` (parent, data manifest, settings,
     losses, CPU seconds). `model`/`tokenizer` skip loading `base` (tests pass in-memory ones).
     `view`: the observation view to render with (`chat.make_view`; save it with the checkpoint)."""
-    from ratchet.policy.embedded.model import load_policy
+    from ratchet.policy.embedded.model import load_policy, maybe_lora, merged
     from ratchet.training.data import data_manifest
 
     if model is None or tokenizer is None:
         model, tokenizer = load_policy(base)
+    model, lora = maybe_lora(model, settings.lora, seed=settings.seed)
     dataset, used = build_dataset(rows, tokenizer, max_length=settings.max_length, thoughts=settings.thoughts,
                                   **({"view": view} if view else {}))
     by_id = {r["record_id"]: r for r in rows}
@@ -125,7 +133,10 @@ def train_sft(base: str | Path, rows: Sequence[Mapping], out_dir: str | Path,
     trainer.train()
     cpu_s, wall_s = time.process_time() - c0, time.monotonic() - t0
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    trainer.save_model(str(out))
+    if lora:
+        merged(trainer.model).save_pretrained(str(out))
+    else:
+        trainer.save_model(str(out))
     tokenizer.save_pretrained(str(out))
     n_tokens = sum(len(x) for x in dataset["input_ids"])
     n_loss = sum(sum(m) for m in dataset["assistant_masks"])
@@ -133,7 +144,7 @@ def train_sft(base: str | Path, rows: Sequence[Mapping], out_dir: str | Path,
                     wall_s=round(wall_s, 3), n_examples=len(used), n_tokens=n_tokens, n_loss_tokens=n_loss,
                     manifest=manifest, parent=str(base))
     (out / CHECKPOINT_META).write_text(json.dumps({
-        "stage": "sft", "parent": str(base), "settings": asdict(settings), "losses": losses,
+        "stage": "sft", "parent": str(base), "settings": asdict(settings), "lora": lora, "losses": losses,
         "view": view, "steps": res.steps, "cpu_s": res.cpu_s, "wall_s": res.wall_s, "n_examples": res.n_examples,
         "n_tokens": n_tokens, "n_loss_tokens": n_loss, **manifest}, indent=1))
     return res

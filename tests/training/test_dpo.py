@@ -1,4 +1,6 @@
 """DPO from preferred vs rejected trajectories of the same task, assistant tokens only."""
+import json
+
 import pytest
 
 from ratchet.training.dpo import DPOSettings, _collator, pair_example, preference_pairs, train_dpo
@@ -41,3 +43,17 @@ def test_dpo_step_moves_the_margin(tmp_path, tiny_model, tokenizer, trajectories
     assert res.steps == 4 and res.n_pairs == 2 and len(res.losses) == 4
     assert res.reward_margins[-1] > res.reward_margins[0], res.reward_margins
     assert (tmp_path / "dpo" / "ratchet_checkpoint.json").exists()
+
+
+def test_dpo_with_lora_moves_the_margin_and_saves_merged_weights(tmp_path, tiny_model, tokenizer, trajectories, tools):
+    """lora="on": TRL trains the adapter against the adapter-off reference; the checkpoint is plain weights."""
+    from ratchet.policy.embedded.model import load_policy
+
+    pairs = preference_pairs(_rows(trajectories, tools))[:2]
+    res = train_dpo("in-memory", pairs, tmp_path / "dpo",
+                    DPOSettings(max_steps=4, batch_size=1, learning_rate=2e-2, threads=1, max_length=640, lora="on"),
+                    model=tiny_model, tokenizer=tokenizer)
+    assert res.reward_margins[-1] > res.reward_margins[0], res.reward_margins
+    meta = json.loads((tmp_path / "dpo" / "ratchet_checkpoint.json").read_text())
+    assert meta["lora"] is True and not (tmp_path / "dpo" / "adapter_config.json").exists()
+    assert not hasattr(load_policy(tmp_path / "dpo")[0], "peft_config")

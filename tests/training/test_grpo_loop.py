@@ -178,11 +178,12 @@ def test_several_updates_per_batch_move_further_clip_and_score_the_reference_onc
     assert logp(m3, seqs[0]) > logp(m1, seqs[0]) > sum(lp for lp, k in zip(seqs[0]["old_logprobs"], seqs[0]["mask"]) if k)
 
 
-def test_resume_after_stop_gives_the_same_next_batch(start, bundles, runtime, tmp_path):
+def test_resume_after_stop_gives_the_same_next_batch(start, bundles, runtime, tmp_path, monkeypatch):
     """Stop after step 2 (checkpoint every 2), resume: step 3's task ids and seeds, and the
-    weights after it, equal an uninterrupted run's."""
+    weights after it (which moved: every step has an advantage), equal an uninterrupted run's."""
     import torch
 
+    _parity_reward(monkeypatch)
     s = GRPOSettings(**{**TINY_RL, "steps": 3, "checkpoint_every": 2})
     full = train_grpo(start, bundles, tmp_path / "full", s, runtime=runtime)
     part = train_grpo(start, bundles, tmp_path / "part", s, runtime=runtime, stop_after=2)
@@ -198,6 +199,8 @@ def test_resume_after_stop_gives_the_same_next_batch(start, bundles, runtime, tm
     from safetensors.torch import load_file
     wf, wr = load_file(full.checkpoint / "model.safetensors"), load_file(resumed.checkpoint / "model.safetensors")
     assert all(torch.allclose(wf[k], wr[k], atol=1e-6) for k in wf)
+    w0 = load_file(start / "model.safetensors")
+    assert any(not torch.allclose(wf[k], w0[k]) for k in wf)
     meta = json.loads((resumed.checkpoint / "ratchet_checkpoint.json").read_text())
     assert meta["stage"] == "rl" and meta["step"] == 3 and meta["cpu_s"] > 0
 
@@ -289,3 +292,102 @@ def test_minibatches_take_an_optimizer_step_per_chunk_on_the_same_passes(start, 
     def dist(m):
         return sum(float((p - q).pow(2).sum()) for p, q in zip(m.parameters(), model.parameters())) ** 0.5
     assert dist(m2) > dist(m1) > 0                              # two steps move the weights further than one
+
+
+def _parity_reward(monkeypatch):
+    """A tiny untrained model never passes, so every group is flat and nothing trains: these tests
+    pay the rollouts of even seeds 1 (the rollouts of a group have consecutive seeds), so each
+    step has an advantage and the weights move (the reward's own path is tested above)."""
+    from ratchet.training import grpo_loop
+    monkeypatch.setattr(grpo_loop, "shaped_reward", lambda r, *a: None if r.reward is None else float(r.seed % 2 == 0))
+
+
+def test_lora_updates_the_adapter_against_the_adapter_off_reference_and_resumes(start, bundles, runtime, tmp_path,
+                                                                                monkeypatch):
+    """lora="on" (what "auto" does for a > 50M-parameter start): the update moves the adapter only,
+    against the same model with the adapter off as the reference (no second copy); checkpoints hold
+    merged plain weights plus the adapter, and a stopped run resumes to the uninterrupted run's weights."""
+    import torch
+
+    from ratchet.policy.embedded.model import has_adapter, load_policy, maybe_lora
+
+    one = GRPOSettings(**{**TINY_RL, "tasks_per_step": 1, "group_size": 4})
+    _, _, recs = _rollout(start, bundles, runtime, one)
+    seqs, _ = build_update([replace(recs[0], reward=1.0)] + [replace(r, reward=0.0) for r in recs[1:]], 4)
+    model, _ = load_policy(start)
+    model, used = maybe_lora(model, "on", dropout=0.0)
+    assert used and has_adapter(model)
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-2)
+    st = grpo_update(model, None, opt, seqs, replace(one, lora="on"))
+    assert st["optimizer_steps"] == 1 and st["logprob_gap"] < 1e-4    # the adapter starts as a no-op
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if n in base)
+
+    def logp(q, off=False):
+        with torch.no_grad(), (model.disable_adapter() if off else torch.enable_grad()):
+            from ratchet.training.grpo_loop import _token_logprobs
+            lp, _ = _token_logprobs(model, q["input_ids"], 1.0)
+        return float((lp * torch.tensor(q["mask"])).sum())
+    assert logp(seqs[0]) > logp(seqs[0], off=True)                    # the pass got likelier than the reference
+
+    _parity_reward(monkeypatch)
+    s = GRPOSettings(**{**TINY_RL, "steps": 2, "checkpoint_every": 1, "lora": "on"})
+    full = train_grpo(start, bundles, tmp_path / "full", s, runtime=runtime)
+    train_grpo(start, bundles, tmp_path / "part", s, runtime=runtime, stop_after=1)
+    resumed = train_grpo(start, bundles, tmp_path / "part", s, runtime=runtime)
+    assert resumed.batches[0] == full.batches[1] and (resumed.checkpoint / "adapter").is_dir()
+    plain, _ = load_policy(resumed.checkpoint)
+    assert not has_adapter(plain)
+    wf, wr = dict(load_policy(full.checkpoint)[0].named_parameters()), dict(plain.named_parameters())
+    assert all(torch.allclose(wf[k], wr[k], atol=1e-6) for k in wf)
+    w0 = dict(load_policy(start)[0].named_parameters())
+    assert any(not torch.allclose(wf[k], w0[k]) for k in wf)          # the runs did train
+
+
+_CHILD = """
+import pickle, sys
+from ratchet.training import grpo_loop
+from sandboxes.runtime import LocalRuntime
+grpo_loop.shaped_reward = lambda r, *a: None if r.reward is None else float(r.seed % 2 == 0)   # _parity_reward
+start, bundles, out, settings, rt = pickle.loads(open(sys.argv[1], "rb").read())
+grpo_loop.train_grpo(start, bundles, out, settings, runtime=LocalRuntime(rt))
+"""
+
+
+def test_a_killed_run_resumes_with_the_same_next_batch_and_weights(start, bundles, runtime, tmp_path, monkeypatch):
+    """A real kill: a child process trains (a checkpoint every step) and gets SIGKILL as soon as its
+    first checkpoint lands, wherever it is then. Resuming from its last checkpoint gives the next
+    batch and the final weights of an uninterrupted run."""
+    import os
+    import pickle
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    from ratchet.policy.embedded.model import load_policy
+    from ratchet.training.grpo_loop import last_checkpoint
+
+    _parity_reward(monkeypatch)
+    s = GRPOSettings(**{**TINY_RL, "steps": 4, "checkpoint_every": 1})
+    out = tmp_path / "killed"
+    job = tmp_path / "job.pkl"
+    job.write_bytes(pickle.dumps((start, list(bundles), out, s, tmp_path / "rt")))
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(job)], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (out / "LAST").exists():
+        assert child.poll() is None, child.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(child.pid, signal.SIGKILL)
+    assert child.wait() == -signal.SIGKILL
+    done = int(last_checkpoint(out).name.split("-")[1])
+    assert 1 <= done < s.steps                                     # killed mid-run
+    resumed = train_grpo(start, bundles, out, s, runtime=runtime)
+    full = train_grpo(start, bundles, tmp_path / "full", s, runtime=runtime)
+    assert resumed.batches[0] == full.batches[done] and len(resumed.batches) == s.steps - done
+    assert [h["task_ids"] for h in resumed.history] == [h["task_ids"] for h in full.history]
+    wf, wr = (dict(load_policy(r.checkpoint)[0].named_parameters()) for r in (full, resumed))
+    assert all(torch.allclose(wf[k], wr[k], atol=1e-6) for k in wf)

@@ -115,3 +115,31 @@ def test_training_rows_come_in_an_order_that_does_not_depend_on_measured_timings
             con.execute("INSERT INTO trajectories VALUES (?, true, true, '[]', '[]')", [rid])
         orders.append([r["trajectory_id"] for r in tenant_training_rows(con, "acme")])
     assert orders[0] == orders[1] == ["acme-a", "acme-b", "acme-c", "acme-d"]
+
+
+def test_sft_with_lora_trains_the_adapter_and_saves_merged_weights(tmp_path, tiny_model, tokenizer, trajectories,
+                                                                   tools):
+    """lora="on" (what "auto" does for a > 50M-parameter base): only the adapter trains; the saved
+    checkpoint is plain weights with the adapter merged in, so the targeted projections moved and
+    everything else (embeddings, norms) is the base's, and it loads without peft."""
+    import torch
+
+    from ratchet.policy.embedded.model import load_policy, maybe_lora
+
+    assert maybe_lora(tiny_model, "auto")[1] is False              # the embedded model trains in full
+    with pytest.raises(ValueError, match="lora must be one of"):
+        SFTSettings(lora="yes")
+    before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
+    res = train_sft("in-memory", _rows(trajectories, tools, 4), tmp_path / "sft",
+                    SFTSettings(max_steps=8, batch_size=2, learning_rate=2e-2, threads=1, max_length=640, lora="on"),
+                    model=tiny_model, tokenizer=tokenizer)
+    assert res.losses[-1] < res.losses[0], res.losses
+    meta = json.loads((tmp_path / "sft" / "ratchet_checkpoint.json").read_text())
+    assert meta["lora"] is True and not (tmp_path / "sft" / "adapter_config.json").exists()
+    saved, _ = load_policy(tmp_path / "sft")
+    assert not hasattr(saved, "peft_config")
+    after = dict(saved.named_parameters())
+    assert set(after) == set(before)
+    moved = {n for n in before if not torch.allclose(after[n], before[n])}
+    assert moved and all(n.endswith(("proj.weight",)) for n in moved), sorted(moved)[:5]
+    assert torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])

@@ -4,6 +4,7 @@ minutes, with the locally trained tokenizer, saved as a local HF checkpoint.
     path = build_base_policy(out_dir, corpus_texts)        # built once, cached by content key
     model, tok = load_policy(path)                         # or any local HF checkpoint path
     model = with_lora(model)                               # peft LoRA, for large checkpoints
+    model, used = maybe_lora(model, "auto")                # what the trainers call (lora="auto")
 
 `build_base_policy` is deterministic for (corpus, config, seed, format version): the folder is
 named by that content key and reused when present, so the asset builds it once. Its weights are
@@ -146,6 +147,41 @@ def with_lora(model, *, r: int = 16, alpha: int = 32, dropout: float = 0.05,
 
 def should_use_lora(model, threshold: int = 50_000_000) -> bool:
     return sum(p.numel() for p in model.parameters()) > threshold
+
+
+LORA_MODES = ("auto", "on", "off")
+
+
+def maybe_lora(model, mode: str = "auto", *, seed: int = 0, **lora_kw):
+    """(model, used): the trainers' one switch. "on": `with_lora`; "auto": LoRA when the model has
+    more than 50M parameters (a large local checkpoint given as base_policy's spec), the model
+    itself otherwise (the embedded one trains in full); "off": the model itself. The adapter's
+    random init draws from its own generator seeded by `seed` (the global one is left as it was),
+    so two runs of the same settings start from the same adapter."""
+    if mode not in LORA_MODES:
+        raise ValueError(f"lora must be one of {LORA_MODES}, got {mode!r}")
+    if mode == "on" or (mode == "auto" and should_use_lora(model)):
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return with_lora(model, **lora_kw), True
+    return model, False
+
+
+def has_adapter(model) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def merged(model):
+    """A plain HF model with the LoRA adapter folded into its weights (a copy: `model` keeps its
+    adapter and can go on training), or `model` itself when it has none. What a trained checkpoint
+    saves, so evaluation and the next stage load it with `load_policy` and no peft."""
+    if not has_adapter(model):
+        return model
+    import copy
+
+    return copy.deepcopy(model).merge_and_unload()
 
 
 def resolve_base_policy(spec: str, out_dir: str | Path, corpus, **build_kw) -> Path:
