@@ -298,7 +298,7 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
     from ratchet.evaluation.runner import with_turn_budget
     from ratchet.home import get_home
     from ratchet.training.data import tenant_training_rows
-    from ratchet.training.lineage import environment_digest, inherited_manifest
+    from ratchet.training.lineage import environment_digest, inherited_manifest, record_step_checkpoints
     from ratchet.training.recipe import curriculum, rl_stage
     from sandboxes.bundle import TaskBundle
     from sandboxes.runtime import LocalRuntime
@@ -331,15 +331,21 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
                          on_step=lambda r: context.log.info(
                              f"step {r['step']}: reward {r['reward']} pass {r['pass_rate']} loss {r['loss']:.4f} "
                              f"kl {r['kl']:.4f} infra {r['infra_failures']} ({r['step_s']} s)"))
+        manifest, env = inherited_manifest(sft["path"]), environment_digest(b.environment_digest for b in bundles)
         out = _register(warehouse, context, run, "rl", res.checkpoint, parent=sft["path"],
-                        parent_id=sft["checkpoint_id"], manifest=inherited_manifest(sft["path"]),
-                        env_digest=environment_digest(b.environment_digest for b in bundles), cpu_s=res.cpu_s,
+                        parent_id=sft["checkpoint_id"], manifest=manifest, env_digest=env, cpu_s=res.cpu_s,
                         history=res.history)
+        # the step checkpoints before the final one are checkpoints too: versions of their own
+        with warehouse.store().connect() as con:
+            steps = record_step_checkpoints(con, run, tenant=tenant, candidate=cand.split(":", 1)[1], stage="rl",
+                                            final=res.checkpoint, manifest=manifest, env_digest=env,
+                                            dagster_run_id=context.run_id, parent_id=sft["checkpoint_id"])
     last = res.history[-1] if res.history else {}
     return dg.MaterializeResult(metadata=_metadata(
         home, out, run, res.checkpoint, steps=len(res.history), cpu_s=res.cpu_s, wall_s=res.wall_s,
         tasks=len(bundles), infra_failures=sum(h["infra_failures"] for h in res.history),
-        reward_last=last.get("reward"), pass_rate_last=last.get("pass_rate"), gate=dg.MetadataValue.json(gate)))
+        reward_last=last.get("reward"), pass_rate_last=last.get("pass_rate"), gate=dg.MetadataValue.json(gate),
+        step_versions=dg.MetadataValue.json({str(s["step"]): s["checkpoint_id"] for s in steps})))
 
 
 # One candidate end to end (SFT then RL), e.g. from a schedule that registers a new candidate each cycle.

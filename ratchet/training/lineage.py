@@ -117,19 +117,20 @@ def log_history(run, history: Sequence[Mapping]) -> None:
         run.log_metrics({k: v for k, v in h.items() if k != "step"}, step=int(h.get("step", i + 1)))
 
 
-def register_version(run, name: str, checkpoint: str | Path, tags: Mapping[str, object]) -> str:
-    """Log the checkpoint folder under the run's `checkpoint/` artifacts and register it as a new
+def register_version(run, name: str, checkpoint: str | Path, tags: Mapping[str, object],
+                     artifact_path: str = "checkpoint") -> str:
+    """Log the checkpoint folder under the run's `artifact_path` artifacts and register it as a new
     version of `name`. Returns the version number."""
     from mlflow.exceptions import MlflowException
 
     c = run.client
-    c.log_artifacts(run.run_id, str(checkpoint), "checkpoint")
+    c.log_artifacts(run.run_id, str(checkpoint), artifact_path)
     try:
         c.create_registered_model(name, description="Ratchet checkpoints of one tenant's candidate")
     except MlflowException as e:
         if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code):
             raise
-    source = f"{c.get_run(run.run_id).info.artifact_uri}/checkpoint"
+    source = f"{c.get_run(run.run_id).info.artifact_uri}/{artifact_path}"
     v = c.create_model_version(name, source, run_id=run.run_id, tags={k: str(v) for k, v in tags.items()})
     return str(v.version)
 
@@ -163,3 +164,40 @@ def record_checkpoint(con, run, *, tenant: str, candidate: str, stage: str, chec
         register_checkpoint(con, checkpoint_id, tenant, manifest.get("record_ids") or [],
                             consent_ids=manifest.get("consent_ids") or None)
     return {"model_name": name, "version": version, "checkpoint_id": checkpoint_id, "curve": curve, "tags": tags}
+
+
+REGISTERED = "ratchet_registered.json"
+
+
+def record_step_checkpoints(con, run, *, tenant: str, candidate: str, stage: str, final: str | Path,
+                            manifest: Mapping, env_digest: str, dagster_run_id: str | None,
+                            parent_id: str | None = None, parent: str | Path | None = None) -> list[dict]:
+    """The intermediate checkpoints a run left beside its `final` one (GRPO's `step-NNNNN` folders,
+    the ones a killed run resumes from): each becomes an MLflow model version too, tagged as
+    `record_checkpoint` tags the final one, with stage `<stage>-step`, `ratchet.step` and its own CPU
+    seconds, and gets a `checkpoints` row, so a revocation flags it as well. A folder registered
+    before (its `ratchet_registered.json`) is skipped: a re-run registers nothing twice. Returns one
+    {step, model_name, version, checkpoint_id} per newly registered folder."""
+    from ratchet.governance.checkpoints import register_checkpoint
+
+    final, name, out = Path(final), model_name(tenant, candidate), []
+    for d in sorted(final.parent.glob("step-*")):
+        if d.resolve() == final.resolve() or not d.is_dir() or (d / REGISTERED).exists():
+            continue
+        meta = json.loads((d / "ratchet_checkpoint.json").read_text())
+        write_lineage(d, manifest)
+        tags = {"ratchet.stage": f"{stage}-step", "ratchet.step": meta.get("step", ""), "ratchet.tenant": tenant,
+                "ratchet.candidate": candidate, "ratchet.parent_checkpoint": parent_id or (str(parent) if parent else ""),
+                "ratchet.manifest_sha256": manifest.get("manifest_sha256", ""),
+                "ratchet.n_trajectories": len(manifest.get("record_ids") or []),
+                "ratchet.consent_ids": ",".join(manifest.get("consent_ids") or []),
+                "ratchet.environment_digest": env_digest, "ratchet.dagster_run_id": dagster_run_id or "",
+                "ratchet.cpu_s": round(float(meta.get("cpu_s") or 0.0), 3)}
+        version = register_version(run, name, d, tags, artifact_path=f"checkpoint-{d.name}")
+        checkpoint_id = f"{name}/{version}"
+        if con is not None:
+            register_checkpoint(con, checkpoint_id, tenant, manifest.get("record_ids") or [],
+                                consent_ids=manifest.get("consent_ids") or None)
+        (d / REGISTERED).write_text(json.dumps({"model_name": name, "version": version}))
+        out.append({"step": meta.get("step"), "model_name": name, "version": version, "checkpoint_id": checkpoint_id})
+    return out

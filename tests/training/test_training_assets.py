@@ -156,8 +156,15 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
     assert len(rows) == 2                                       # globex's trajectory never reaches acme
     c = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     versions = {v.tags["ratchet.stage"]: v for v in c.search_model_versions("name='ratchet-acme-c1'")}
-    assert set(versions) == {"sft", "dpo", "rl"}
-    sft, dpo, rl = versions["sft"], versions["dpo"], versions["rl"]
+    # RL's step checkpoint before its final one (2 steps, a checkpoint every step) is a version too
+    assert set(versions) == {"sft", "dpo", "rl", "rl-step"}
+    sft, dpo, rl, step = versions["sft"], versions["dpo"], versions["rl"], versions["rl-step"]
+    assert step.tags["ratchet.step"] == "1" and mats["rl_checkpoint"]["step_versions"].value == {
+        "1": f"ratchet-acme-c1/{step.version}"}
+    assert 0 < float(step.tags["ratchet.cpu_s"]) < float(rl.tags["ratchet.cpu_s"])
+    from ratchet.training.lineage import REGISTERED
+    rl_dir = get_home(home).root / mats["rl_checkpoint"]["checkpoint"].value
+    assert (rl_dir.parent / "step-00001" / REGISTERED).exists()     # a re-run skips it
     with_rejected = data_manifest([*rows, *_rejected(wh)])
     assert dpo.tags["ratchet.manifest_sha256"] == with_rejected["manifest_sha256"]     # SFT's data + the pair's
     assert dpo.tags["ratchet.parent_checkpoint"] == f"ratchet-acme-c1/{sft.version}"
@@ -174,11 +181,12 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
     assert rl.tags["ratchet.environment_digest"] == environment_digest(
         with_turn_budget(b, 1).environment_digest for b in used)
     assert rl.tags["ratchet.environment_digest"] != environment_digest(b.environment_digest for b in used)
-    for v in (sft, dpo, rl):
+    for v in (sft, dpo, rl, step):
         assert v.tags["ratchet.manifest_sha256"] == (with_rejected if v is dpo else manifest)["manifest_sha256"]
         assert v.tags["ratchet.consent_ids"] == "C-ACME" and v.tags["ratchet.dagster_run_id"] == r2.run_id
         assert float(v.tags["ratchet.cpu_s"]) > 0 and len(v.tags["ratchet.environment_digest"]) == 64
-    assert rl.tags["ratchet.parent_checkpoint"] == f"ratchet-acme-c1/{sft.version}"
+    assert rl.tags["ratchet.parent_checkpoint"] == step.tags["ratchet.parent_checkpoint"] == f"ratchet-acme-c1/{sft.version}"
+    assert step.tags["ratchet.environment_digest"] == rl.tags["ratchet.environment_digest"]
     assert "base-" in sft.tags["ratchet.parent_checkpoint"]
     for name in ("loss", "reward", "kl", "pass_rate", "entropy"):
         assert len(c.get_metric_history(rl.run_id, name)) == 2, name
@@ -189,7 +197,7 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
     # Consent: nothing flagged while the grant stands; revoking it flags SFT and its RL child
     with wh.connect() as con:
         reg = store.fetch(con, "SELECT checkpoint_id, consent_ids, trained_record_ids FROM checkpoints ORDER BY 1")
-        assert [r["checkpoint_id"] for r in reg] == sorted(f"ratchet-acme-c1/{v.version}" for v in (sft, dpo, rl))
+        assert [r["checkpoint_id"] for r in reg] == sorted(f"ratchet-acme-c1/{v.version}" for v in (sft, dpo, rl, step))
         assert all(set(r["trained_record_ids"]) >= set(manifest["record_ids"]) for r in reg)
         assert all(r["consent_ids"] == ["C-ACME"] for r in reg)
         _, new = flag_checkpoints(con, NOW)
