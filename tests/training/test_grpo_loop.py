@@ -232,9 +232,17 @@ def test_rollout_workers_train_the_same_weights(start, bundles, runtime, tmp_pat
     run = RolloutPool.run
     monkeypatch.setattr(RolloutPool, "run", lambda self, *a, **k: calls.append(self) or run(self, *a, **k))
     s = GRPOSettings(**{**TINY_RL, "steps": 2, "checkpoint_every": 2})
-    here = train_grpo(start, bundles, tmp_path / "here", s, runtime=runtime)
-    assert not calls
-    pooled = train_grpo(start, bundles, tmp_path / "pooled", replace(s, rollout_workers=2), runtime=runtime)
+    for attempt in range(2):
+        calls.clear()
+        here = train_grpo(start, bundles, tmp_path / f"here{attempt}", s, runtime=runtime)
+        assert not calls
+        pooled = train_grpo(start, bundles, tmp_path / f"pooled{attempt}", replace(s, rollout_workers=2),
+                            runtime=runtime)
+        # an episode's sandbox failing on a loaded machine (seen once in a full `make test`: 1 infra
+        # failure in the pooled run's first step) is counted and left out of the update, as designed,
+        # so the two runs then trained on different batches: run both once more, then compare strictly
+        if not any(h["infra_failures"] for h in here.history + pooled.history):
+            break
     assert len(calls) == 2 and calls[0].fallbacks == 0 and calls[0].cpu_s > 1.0
     for k in ("reward", "pass_rate", "loss", "kl", "entropy", "policy_tokens", "infra_failures"):
         assert [h[k] for h in pooled.history] == pytest.approx([h[k] for h in here.history], abs=1e-4), k
