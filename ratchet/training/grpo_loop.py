@@ -253,9 +253,9 @@ def grpo_update(model, ref_model, optimizer, seqs: list[dict], settings: GRPOSet
                 k = sum(s["mask"])
                 lp, ent = _token_logprobs(model, s["input_ids"], settings.temperature, s.get("allowed"))
                 if id(s) not in refs:
+                    ref = model if ref_model is None else ref_model
                     with torch.no_grad(), (model.disable_adapter() if ref_model is None else nullcontext()):
-                        refs[id(s)] = _token_logprobs(ref_model or model, s["input_ids"], settings.temperature,
-                                                      s.get("allowed"))[0]
+                        refs[id(s)] = _token_logprobs(ref, s["input_ids"], settings.temperature, s.get("allowed"))[0]
                 mask = torch.tensor([s["mask"]])
                 old = torch.tensor([s["old_logprobs"]], dtype=lp.dtype)
                 loss, st = token_loss(lp.unsqueeze(0), old, refs[id(s)].unsqueeze(0),
