@@ -87,7 +87,7 @@ def _verify_mutant(problem, canonical, tests, edit: Edit, per_test_s, n_lines, s
         return "fix_not_in_candidates", None
     run = run_program(mutated, tests.source, tests.names, examples=tests.examples,
                       per_test_s=per_test_s, total_s=5.0)
-    # An untraced timeout (0.5 s per test) is >7x past the budget's wall equivalent: final.
+    # An untraced timeout (0.5 CPU s per test) is >7x past the budget's wall equivalent: final.
     if run["status"] == "ok" and run["seconds"] > FAST_S:
         # Slow or looping: decide by the deterministic line budget. The wall-clock backstop only
         # catches loops whose lines grow ever costlier (big ints, huge lists): always a timeout.

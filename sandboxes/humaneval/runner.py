@@ -10,11 +10,15 @@ Wall-clock limits alone make the build nondeterministic (a slow mutant passes or
 depending on machine load), so `line_budget` gives a deterministic limit: it counts line events
 executed in `solution.py` frames (sys.settrace, ~7x slower) and stops past the budget. The
 builder uses the fast untraced run when it finishes well under the budget's wall-clock
-equivalent and decides everything else with the budget.
+equivalent and decides everything else with the budget. Every time limit counts the child's
+CPU seconds, not wall-clock: with wall-clock ones a loaded machine timed out HumanEval/75's
+slower mutants (3 of them in 1 build of 3 beside a training run: another seed-0 suite, another
+sha). Only a wall-clock backstop of WALL_FACTOR x the CPU limit remains, for a child that waits.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import signal
@@ -23,13 +27,16 @@ import time
 import types
 
 MEMORY_LIMIT = 1 << 30
+# The wall-clock deadline is this many times the CPU limit: only a machine starving the child for
+# 10x longer than its allowed work can still turn a result into a timeout.
+WALL_FACTOR = 10
 
 
 class _Timeout(BaseException):
     """BaseException so that a bare `except Exception` in a mutant cannot swallow it."""
 
 
-def _alarm(signum, frame):
+def _alarm(signum, frame):  # SIGPROF (a test's CPU limit) or SIGXCPU (the run's)
     raise _Timeout()
 
 
@@ -50,7 +57,7 @@ def _install_budget(budget: int) -> None:
 
 
 def _run_in_child(solution: str, tests: str, names: list[str], examples: dict, per_test_s: float,
-                  line_budget: int | None) -> dict:
+                  line_budget: int | None, total_s: float) -> dict:
     import faulthandler
     import resource
 
@@ -65,7 +72,13 @@ def _run_in_child(solution: str, tests: str, names: list[str], examples: dict, p
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    signal.signal(signal.SIGALRM, _alarm)
+    # per-test and total limits in CPU seconds of this child, whatever the machine's load
+    # (SIGPROF; RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL past the hard one)
+    timer = signal.ITIMER_PROF
+    signal.signal(signal.SIGPROF, _alarm)
+    signal.signal(signal.SIGXCPU, _alarm)
+    soft = math.ceil(total_s)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
     sys.setrecursionlimit(3000)
     mod = types.ModuleType("solution")
     mod.__file__ = "solution.py"
@@ -77,7 +90,7 @@ def _run_in_child(solution: str, tests: str, names: list[str], examples: dict, p
         _install_budget(line_budget)
     outcomes, errors, actual = {}, {}, None
     for name in names:
-        signal.setitimer(signal.ITIMER_REAL, per_test_s)
+        signal.setitimer(timer, per_test_s)
         try:
             ns[name]()
             outcomes[name] = "passed"
@@ -88,15 +101,15 @@ def _run_in_child(solution: str, tests: str, names: list[str], examples: dict, p
             outcomes[name] = "failed"
             errors[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.setitimer(timer, 0)
         if outcomes[name] == "failed" and actual is None and name in examples:
-            actual = _observe(ns, examples[name], per_test_s, name)
+            actual = _observe(ns, examples[name], per_test_s, name, timer)
     return {"outcomes": outcomes, "errors": errors, "actual": actual}
 
 
-def _observe(ns: dict, example: list, per_test_s: float, name: str) -> dict | None:
+def _observe(ns: dict, example: list, per_test_s: float, name: str, timer: int) -> dict | None:
     """What the buggy function returns for the failing example (quoted in the issue)."""
-    signal.setitimer(signal.ITIMER_REAL, per_test_s)
+    signal.setitimer(timer, per_test_s)
     try:
         value = eval(example[0], dict(ns))  # noqa: S307 - our own generated call text
         got = repr(value)[:300]
@@ -105,7 +118,7 @@ def _observe(ns: dict, example: list, per_test_s: float, name: str) -> dict | No
     except BaseException as exc:  # noqa: BLE001
         got = f"raises {type(exc).__name__}: {str(exc)[:200]}"
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.setitimer(timer, 0)
     return {"test": name, "call": example[0], "expected": example[1], "got": got}
 
 
@@ -114,7 +127,9 @@ def run_program(solution: str, tests: str, names: list[str], *, examples: dict |
     """Run every test of `tests` against `solution` in a forked child.
 
     Returns {"status": "ok" | "timeout" | "crash", "outcomes": {name: "passed"|"failed"|"timeout"},
-    "errors": {...}, "actual": {...} | None, "seconds": float}.
+    "errors": {...}, "actual": {...} | None, "seconds": float (wall-clock)}. `per_test_s` and
+    `total_s` are CPU seconds of the child (`total_s` rounded up to whole seconds: RLIMIT_CPU);
+    a child still running after WALL_FACTOR x `total_s` of wall-clock is killed as a timeout.
     """
     r, w = os.pipe()
     start = time.monotonic()
@@ -123,8 +138,10 @@ def run_program(solution: str, tests: str, names: list[str], *, examples: dict |
         os.close(r)
         code = 0
         try:
-            result = _run_in_child(solution, tests, names, examples or {}, per_test_s, line_budget)
+            result = _run_in_child(solution, tests, names, examples or {}, per_test_s, line_budget, total_s)
             payload = json.dumps(result).encode()
+        except _Timeout:  # a CPU limit hit outside a test (module code): the run timed out
+            payload = json.dumps({"outcomes": {"<module>": "timeout"}, "errors": {}, "actual": None}).encode()
         except BaseException as exc:  # noqa: BLE001 - a broken module still reports
             payload = json.dumps({"outcomes": {}, "errors": {"<module>": repr(exc)[:300]},
                                   "actual": None}).encode()
@@ -135,7 +152,7 @@ def run_program(solution: str, tests: str, names: list[str], *, examples: dict |
             code = 1
         os._exit(code)
     os.close(w)
-    chunks, deadline = [], start + total_s
+    chunks, deadline = [], start + total_s * WALL_FACTOR
     with os.fdopen(r, "rb") as fh:
         while True:
             left = deadline - time.monotonic()
@@ -148,12 +165,14 @@ def run_program(solution: str, tests: str, names: list[str], *, examples: dict |
             if not chunk:
                 break
             chunks.append(chunk)
-    os.waitpid(pid, 0)
+    _, wstatus = os.waitpid(pid, 0)
     seconds = time.monotonic() - start
     try:
         result = json.loads(b"".join(chunks))
     except ValueError:
-        return {"status": "crash", "outcomes": {}, "errors": {}, "actual": None, "seconds": seconds}
+        # killed past RLIMIT_CPU's hard limit (a mutant that swallowed SIGXCPU's exception)
+        killed = os.WIFSIGNALED(wstatus) and os.WTERMSIG(wstatus) in (signal.SIGKILL, signal.SIGXCPU)
+        return {"status": "timeout" if killed else "crash", "outcomes": {}, "errors": {}, "actual": None, "seconds": seconds}
     timed_out = "timeout" in result["outcomes"].values()
     result["status"] = "timeout" if timed_out else "ok"
     result["seconds"] = seconds

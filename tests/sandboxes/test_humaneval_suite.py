@@ -60,6 +60,31 @@ def test_runner_stops_infinite_loop():
     assert time.monotonic() - t < 5
 
 
+def test_run_limits_count_cpu_not_wall_clock():
+    # a loaded machine starves the child of CPU: a wall-clock limit then times out a program that
+    # does little work. Sleeping stands for the starving: it takes wall time and no CPU.
+    sol = "import time\ndef f(x):\n    time.sleep(0.4)\n    return x\n"
+    tests = "from solution import f\n" + "".join(f"def test_check_0{i}():\n    assert f(1) == 1\n" for i in range(3))
+    names = [f"test_check_0{i}" for i in range(3)]
+    for budget in (None, 10_000):  # the untraced run and the deterministic (line-budgeted) one
+        run = run_program(sol, tests, names, per_test_s=0.3, total_s=0.5, line_budget=budget)
+        assert run["status"] == "ok" and set(run["outcomes"].values()) == {"passed"}
+        assert run["seconds"] > 1.2  # each test waited longer than its limit, in wall-clock
+    # work that never ends on few, ever costlier lines still times out on the CPU limits
+    grows = "def f(x):\n    while True:\n        x = x * 3 + 1\n"
+    for budget in (None, 10**9):
+        assert run_program(grows, tests, names, per_test_s=0.3, total_s=5, line_budget=budget)["status"] == "timeout"
+
+
+def test_a_mutant_swallowing_the_cpu_alarm_is_killed_and_counted_as_a_timeout():
+    sol = ("def f(x):\n    while True:\n        try:\n            while True:\n                x += 1\n"
+           "        except BaseException:\n            pass\n")
+    tests = "from solution import f\ndef test_check_00():\n    assert f(1) == 1\n"
+    t = time.monotonic()
+    run = run_program(sol, tests, ["test_check_00"], per_test_s=0.2, total_s=0.5)
+    assert run["status"] == "timeout" and time.monotonic() - t < 5  # RLIMIT_CPU's hard limit: 1 + 1 s
+
+
 def test_every_task_is_verified(small):
     assert small.tasks and small.stats["accepted"] == len(small.tasks)
     assert len({t.issue_id for t in small.tasks}) == len(small.tasks)
