@@ -90,6 +90,11 @@ class RecipeSettings:
         return SFTSettings(epochs=self.sft_epochs, learning_rate=self.sft_lr, batch_size=self.sft_batch,
                            max_steps=self.sft_max_steps, max_length=self.sft_max_length, thoughts=False, seed=self.seed, threads=self.threads, overrides=dict(self.sft_overrides))
 
+    def bounds(self):
+        """The decoding bounds every stage writes and samples under (GRPO's); also for an SFT-only
+        candidate (`rl_steps=0`, whose GRPO settings are not valid)."""
+        return replace(self, rl_steps=max(1, self.rl_steps)).grpo().bounds()
+
     def grpo(self):
         from ratchet.training.grpo_loop import GRPOSettings
         return GRPOSettings(steps=self.rl_steps, tasks_per_step=self.rl_tasks_per_step, group_size=self.rl_group_size,
@@ -197,7 +202,7 @@ def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSetting
     data = picked if len(picked) >= settings.min_structured else _offer_structured(rows)
     view = recipe_view(settings, rows, prior)
     res = train_sft(base_path, data, out_dir, settings.sft(), view=view)
-    write_decoding(res.checkpoint, action_mask="structured", bounds=settings.grpo().bounds(), view=view)
+    write_decoding(res.checkpoint, action_mask="structured", bounds=settings.bounds(), view=view)
     res.n_structured = len(picked)
     res.view = view
     return res

@@ -53,6 +53,23 @@ def test_train_candidate_sft_then_rl_under_the_mask(tmp_path, tiny_model, tokeni
     assert meta["settings"]["action_mask"] == "structured" and meta["settings"]["choice_only"] is True
 
 
+def test_an_sft_only_candidate_trains_and_loads(tmp_path, tiny_model, tokenizer, trajectories):
+    # rl_steps=0 (SFT only, bench/learning.py --rl-steps 0): it crashed after SFT had trained, on
+    # GRPO settings that are not valid with 0 steps
+    from ratchet.policy import make_policy
+    from ratchet.training.recipe import RecipeSettings, train_candidate
+
+    base = tmp_path / "base"
+    tiny_model.save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    rows = [{"record_id": t["trajectory_id"], "task_id": t["task_id"], "consent_id": None,
+             "messages": t["messages"], "tools": t.get("tools")} for t in trajectories if t["accepted"]]
+    res = train_candidate(base, rows, tmp_path / "cand", RecipeSettings(sft_epochs=1.0, sft_batch=2, rl_steps=0))
+    assert res.rl is None and res.sft.steps >= 1 and res.cpu_s["rl"] == 0
+    pol = make_policy("embedded:cand", path=str(res.sft.checkpoint))
+    assert pol.action_mask == "structured" and pol.grammar["bounds"] == RecipeSettings().bounds()
+
+
 def test_masked_logprobs_are_the_trainers(tiny_model, tokenizer, trajectories, tools):
     """With masked_logprobs the sampler's logprob of each token is under the grammar-masked
     distribution, and the trainer recomputes exactly that from the recorded allowed ids."""
