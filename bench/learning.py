@@ -109,6 +109,27 @@ def fresh_solved(out: Path, train, train_used, *, prior, k: int, max_turns: int,
     return fresh
 
 
+def greedy_failures(out: Path, sft_path: Path, pool, *, max_turns: int, max_tokens: int, runtime,
+                    reuse: bool = True) -> list:
+    """The tasks of `pool` on which the SFT policy's greedy episode fails (session 20's "hard"
+    curriculum: groups that can pay a rollout beating SFT's first choice, the one greedy decoding
+    takes); the ids are cached in `out/hard-<n>.json`, keyed by that checkpoint's record (another
+    SFT in the same folder finds its own)."""
+    import hashlib
+
+    sft = hashlib.sha256((Path(sft_path) / "ratchet_checkpoint.json").read_bytes()).hexdigest()
+    cached = out / f"hard-{len(pool)}.json"
+    found = json.loads(cached.read_text()) if reuse and cached.exists() else None
+    if isinstance(found, dict) and found.get("sft") == sft:
+        ids = set(found["ids"])
+    else:
+        rows = run_embedded(sft_path, pool, max_turns=max_turns, max_tokens=max_tokens, temperature=0.0,
+                            runtime=runtime)
+        ids = {r["task_id"] for r in rows if not r["passed"] and not r["infra"]}
+        cached.write_text(json.dumps({"sft": sft, "ids": sorted(ids)}))
+    return [b for b in pool if b.task_id in ids]
+
+
 def first_try(messages, passed: bool) -> bool:
     applies = sum(1 for m in messages if m.get("role") == "assistant"
                   for c in m.get("tool_calls") or () if c["function"]["name"] == "apply_edit")
@@ -216,13 +237,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rl-minibatches", type=int, default=None,
                     help="optimizer steps per pass over a GRPO step's rollouts, the same CPU "
                          "(default RecipeSettings.rl_minibatches)")
-    ap.add_argument("--rl-curriculum", choices=("solved", "train", "fresh", "mixed"), default="solved",
+    ap.add_argument("--rl-curriculum", choices=("solved", "train", "fresh", "mixed", "hard"), default="solved",
                     help="GRPO tasks: the train tasks the demonstrator solved (SFT's own tasks), every "
                          "train task used, or 'fresh': train tasks SFT never saw that the demonstrator solves "
                          "(--fresh-tasks of them are tried; needs more train tasks than --train-tasks, e.g. "
-                         "--problems 0), or 'mixed': solved and fresh together")
+                         "--problems 0), or 'mixed': solved and fresh together, or 'hard': the mixed tasks on "
+                         "which the SFT policy's greedy episode fails (session 20; greedy_failures)")
     ap.add_argument("--fresh-tasks", type=int, default=124,
-                    help="with --rl-curriculum fresh or mixed: how many unused train tasks the demonstrator tries")
+                    help="with --rl-curriculum fresh, mixed or hard: how many unused train tasks the demonstrator tries")
     ap.add_argument("--rl-turn-cost", type=float, default=None,
                     help="GRPO's reward for a pass x (1 - c * turns / max_turns): the shorter pass is preferred "
                          "(default RecipeSettings.rl_turn_cost, 0.3 since run 16; 0: runs 1-15; a fail keeps 0)")
@@ -329,7 +351,7 @@ def main(argv=None) -> int:
     solved = {d["task_id"] for d in demo if d["passed"]}
     curriculum = [b for b in train_used if a.rl_curriculum == "train" or b.task_id in solved]
     cpu["curriculum"] = 0.0
-    if a.rl_curriculum in ("fresh", "mixed"):
+    if a.rl_curriculum in ("fresh", "mixed", "hard"):
         # GRPO on train tasks SFT never saw: its groups then reward what carries over to a new task,
         # not the recall of a demonstration SFT was fitted to (the demonstrator's pass = groups hold passes);
         # "mixed": those and the demonstration tasks together
@@ -338,6 +360,7 @@ def main(argv=None) -> int:
                              runtime=rt, reuse=a.reuse_data)
         curriculum = fresh if a.rl_curriculum == "fresh" else curriculum + fresh
         cpu["curriculum"] = cpu_now() - c
+        # "hard": filtered after SFT (below), by the SFT policy's greedy episodes
     say(f"training data: the structured agent solved {len(data)}/{len(demo)} train tasks "
         f"({cpu['data']:.0f} CPU s); RL curriculum: {len(curriculum)} tasks ({a.rl_curriculum}"
         f"{', %.0f CPU s to find them' % cpu['curriculum'] if cpu['curriculum'] else ''})")
@@ -364,6 +387,14 @@ def main(argv=None) -> int:
     else:
         shutil.rmtree(out / "candidate" / "sft", ignore_errors=True)
         sft = sft_stage(base, data, out / "candidate" / "sft", rs, prior=prior)
+    if a.rl_curriculum == "hard" and rs.rl_steps > 0:
+        c = cpu_now()
+        pool_n = len(curriculum)
+        curriculum = greedy_failures(out, sft.checkpoint, curriculum, max_turns=a.max_turns, max_tokens=rs.max_tokens,
+                                     runtime=rt, reuse=a.reuse_data)
+        cpu["curriculum"] += cpu_now() - c
+        say(f"hard curriculum: the SFT policy's greedy episode fails {len(curriculum)} of {pool_n} tasks "
+            f"({cpu_now() - c:.0f} CPU s)")
     rls = []
     for s in range(size["rl_seeds"] if rs.rl_steps > 0 else 0):
         # seed 0 in candidate/rl (the path every earlier run used), seed s in candidate/rl-seed{s}

@@ -18,6 +18,12 @@ rates) pooled: per task, the mean over seeds of RL and of SFT, then RL - SFT pai
 (the recipe's seed-to-seed spread averaged in instead of picking one seed).
 
     .venv/bin/python bench/rl_variant.py --pool /tmp/exp/H /tmp/exp/H2 /tmp/exp/H3
+
+Greedy decoding (what the holdout evaluation does; session 20's hard curriculum), paired with a run
+that was itself evaluated greedily (`bench/learning.py --temperature 0 --eval-seeds 1`):
+
+    .venv/bin/python bench/rl_variant.py --run /tmp/s19/g18 --out /tmp/s20/h0 --curriculum hard \
+        --temperature 0 --eval-seeds 1 --seed 0
 Final JSON line: `rl_pass`, `baseline` "sft" (the run's), `ratio` rl/sft.
 """
 from __future__ import annotations
@@ -45,10 +51,11 @@ def main(argv=None) -> int:
                     help="the --problems of the learning run in --run (0: all 164, bench/learning.py's default "
                          "since run 18; 40: runs 1-11 and 17)")
     ap.add_argument("--split-seed", type=int, default=0, help="the --split-seed of the learning run in --run")
-    ap.add_argument("--curriculum", choices=("solved", "train", "fresh", "mixed"), default="solved",
+    ap.add_argument("--curriculum", choices=("solved", "train", "fresh", "mixed", "hard"), default="solved",
                     help="fresh: the train tasks SFT never saw that the demonstrator solves (the run's "
                          "curriculum-v2-124-4-14.json, found and cached there when missing: learning.fresh_solved); "
-                         "mixed: solved and fresh together")
+                         "mixed: solved and fresh together; hard: the mixed tasks on which the run's SFT policy's "
+                         "greedy episode fails (learning.greedy_failures, cached in the run as hard-<n>.json)")
     ap.add_argument("--turn-cost", type=float, default=None,
                     help="RecipeSettings.rl_turn_cost (default: the recipe's, 0.3 since session 16; 0 = none)")
     ap.add_argument("--updates-per-step", type=int, default=1)
@@ -62,6 +69,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the recipe's seed (GRPO's task order and episode seeds; "
                                                         "SFT's with --hide-task); evaluation seeds stay 0..N-1")
     ap.add_argument("--eval-seeds", type=int, default=3)
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="evaluation sampling (0: greedy, what the holdout evaluation does; pair it only with a "
+                         "--run evaluated at the same temperature, e.g. --temperature 0 --eval-seeds 1)")
     ap.add_argument("--limit", type=int, default=None, help="evaluate the first N tasks only (smoke runs)")
     ap.add_argument("--curriculum-eval-only", action="store_true")
     ap.add_argument("--checkpoint", action="append", default=[], help="with --curriculum-eval-only")
@@ -104,7 +114,7 @@ def main(argv=None) -> int:
     solved_tasks = [b for b in train_used if b.task_id in solved]
     sft_path = run / "candidate" / "sft"
     rt = LocalRuntime()
-    ev = dict(max_turns=14, max_tokens=RecipeSettings().max_tokens, temperature=1.0, runtime=rt)
+    ev = dict(max_turns=14, max_tokens=RecipeSettings().max_tokens, temperature=a.temperature, runtime=rt)
 
     if a.curriculum_eval_only:
         pt, res = {}, {}
@@ -124,10 +134,15 @@ def main(argv=None) -> int:
         return 0
 
     cur = train_used if a.curriculum == "train" else solved_tasks
-    if a.curriculum in ("fresh", "mixed"):
+    if a.curriculum in ("fresh", "mixed", "hard"):
         from sandboxes.agents import fit_prior
         fresh = L.fresh_solved(run, train, train_used, prior=fit_prior(train), k=4, max_turns=14, n=124, runtime=rt)
         cur = fresh if a.curriculum == "fresh" else solved_tasks + fresh
+        if a.curriculum == "hard":
+            c0 = L.cpu_now()
+            cur = L.greedy_failures(run, sft_path, cur, max_turns=14, max_tokens=RecipeSettings().max_tokens, runtime=rt)
+            say(f"hard curriculum: the SFT policy's greedy episode fails {len(cur)} of {len(solved_tasks) + len(fresh)} "
+                f"solvable train tasks ({L.cpu_now() - c0:.0f} CPU s)")
     shape = {k: v for k, v in (("rl_tasks_per_step", a.tasks_per_step), ("rl_group_size", a.group_size),
                                ("rl_minibatches", a.minibatches)) if v}
     rs = RecipeSettings(rl_steps=a.steps, rl_lr=a.lr, rl_updates_per_step=a.updates_per_step, max_turns=14,
@@ -173,7 +188,7 @@ def main(argv=None) -> int:
         paired[f"rl_minus_{b}"] = [iv.estimate, iv.lo, iv.hi]
         say(f"paired rl (this) - {b} ({run.name}): {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
     sft_p = new_sft[0]["pass"] if new_sft else sum(v for t, v in old["sft"].items() if t in pt) / len(pt)
-    print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum, "hide_task": a.hide_task,
+    print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum, "rl_tasks": len(cur), "temperature": a.temperature, "hide_task": a.hide_task,
                       "updates_per_step": a.updates_per_step, "steps": a.steps, "turn_cost": a.turn_cost,
                       "tasks_per_step": rs.rl_tasks_per_step, "group_size": rs.rl_group_size, "minibatches": rs.rl_minibatches, "lr": a.lr, "seed": a.seed,
                       "rl_pass": res["pass"], "rl_pass_ci": res["pass_ci"], "rl_first_try": res["first_try"],
