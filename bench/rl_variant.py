@@ -24,6 +24,13 @@ that was itself evaluated greedily (`bench/learning.py --temperature 0 --eval-se
 
     .venv/bin/python bench/rl_variant.py --run /tmp/s19/g18 --out /tmp/s20/h0 --curriculum hard \
         --temperature 0 --eval-seeds 1 --seed 0
+
+`--method rest` (session 21): the RL stage as one round of reward-filtered self-training
+(`ratchet.training.rest`) instead of GRPO, the same pairing:
+
+    .venv/bin/python bench/rl_variant.py --run /tmp/s19/g18 --out /tmp/s21/r0 --method rest --curriculum mixed \
+        --temperature 0 --eval-seeds 1 --seed 0
+
 Final JSON line: `rl_pass`, `baseline` "sft" (the run's), `ratio` rl/sft.
 """
 from __future__ import annotations
@@ -69,6 +76,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the recipe's seed (GRPO's task order and episode seeds; "
                                                         "SFT's with --hide-task); evaluation seeds stay 0..N-1")
     ap.add_argument("--eval-seeds", type=int, default=3)
+    ap.add_argument("--method", choices=("grpo", "rest"), default="grpo",
+                    help="rest: one round of reward-filtered self-training from the SFT checkpoint "
+                         "(ratchet.training.rest: --rest-samples episodes a curriculum task at T = 1, the "
+                         "shortest pass kept, SFT continued on passes + demonstrations) instead of GRPO")
+    ap.add_argument("--rest-samples", type=int, default=4)
+    ap.add_argument("--rest-keep", type=int, default=1)
+    ap.add_argument("--rest-epochs", type=float, default=2.0)
+    ap.add_argument("--rest-lr", type=float, default=1e-3)
+    ap.add_argument("--rest-no-demos", action="store_true", help="train on the kept passes only")
     ap.add_argument("--temperature", type=float, default=1.0,
                     help="evaluation sampling (0: greedy, what the holdout evaluation does; pair it only with a "
                          "--run evaluated at the same temperature, e.g. --temperature 0 --eval-seeds 1)")
@@ -167,7 +183,17 @@ def main(argv=None) -> int:
     def on_step(r):
         say(f"  rl step {r['step']}: pass {r['pass_rate']} kl {r['kl']:.4f} ent {r['entropy']:.3f} "
             f"clip {r['clip_fraction']:.3f} flat {r.get('flat_groups')} cpu {r['cpu_s']:.0f}s upd {r['update_s']:.0f}s")
-    rl = rl_stage(sft_path, cur, out / "rl", rs, runtime=rt, on_step=on_step, resume=False)
+    if a.method == "rest":
+        from ratchet.training.rest import RestSettings, train_rest
+
+        rest = RestSettings(samples=a.rest_samples, keep=a.rest_keep, epochs=a.rest_epochs, learning_rate=a.rest_lr,
+                            max_turns=14, max_tokens=rs.max_tokens, seed=a.seed)
+        rl = train_rest(sft_path, cur, out / "rl", rest, runtime=rt,
+                        demos=() if a.rest_no_demos else L.demonstration_rows(demo))
+        say(f"ReST: {rl.sampled} episodes ({rl.sample_cpu_s:.0f} CPU s), {rl.passed} passed, {rl.kept} kept on "
+            f"{rl.tasks_with_pass} tasks, {rl.infra} infra; SFT loss {rl.losses[0]:.3f} -> {rl.losses[-1]:.3f}")
+    else:
+        rl = rl_stage(sft_path, cur, out / "rl", rs, runtime=rt, on_step=on_step, resume=False)
     sft_cpu = json.loads((sft_path / "ratchet_checkpoint.json").read_text())["cpu_s"]
     say(f"RL {rl.cpu_s:.0f} CPU s; SFT + RL {(rl.cpu_s + sft_cpu) / 60:.2f} CPU-min")
     rows = L.run_embedded(rl.checkpoint, val, seeds=tuple(range(a.eval_seeds)), **ev)
@@ -188,7 +214,7 @@ def main(argv=None) -> int:
         paired[f"rl_minus_{b}"] = [iv.estimate, iv.lo, iv.hi]
         say(f"paired rl (this) - {b} ({run.name}): {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
     sft_p = new_sft[0]["pass"] if new_sft else sum(v for t, v in old["sft"].items() if t in pt) / len(pt)
-    print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum, "rl_tasks": len(cur), "temperature": a.temperature, "hide_task": a.hide_task,
+    print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum, "method": a.method, "rl_tasks": len(cur), "temperature": a.temperature, "hide_task": a.hide_task,
                       "updates_per_step": a.updates_per_step, "steps": a.steps, "turn_cost": a.turn_cost,
                       "tasks_per_step": rs.rl_tasks_per_step, "group_size": rs.rl_group_size, "minibatches": rs.rl_minibatches, "lr": a.lr, "seed": a.seed,
                       "rl_pass": res["pass"], "rl_pass_ci": res["pass_ci"], "rl_first_try": res["first_try"],
