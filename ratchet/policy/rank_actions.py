@@ -50,6 +50,20 @@ def _localized(obs: str) -> tuple:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=1024)
+def _tiers(obs: str) -> tuple:
+    """((path, line), tier) per localize row: tier 1 for the rows of the top score, +1 at each
+    change of score (the tiers `chat.policy_view` labels the rows with)."""
+    from sandboxes.observations import parse_localize
+
+    out, last, t = {}, None, 0
+    for f, ln, score in parse_localize(obs):
+        t += score != last
+        last = score
+        out.setdefault((f, ln), t)
+    return tuple(out.items())
+
+
 @functools.lru_cache(maxsize=4096)
 def _rows(obs: str, view_key: str) -> tuple:
     """A candidate list's environment indices in the order the view lists them."""
@@ -74,6 +88,8 @@ class Ranks:
         self._lists: dict = {}      # ((path, line), tag) -> env indices in view order
         self._valid = ListValidity()  # the mask's own tracker: which list a row number refers to
         self._tag = self._valid.tag
+        self.tiers: dict = {}       # (path, line) -> SBFL tier on localize's last answer
+        self.listed: set = set()    # (path, line) the episode has proposed edits for
 
     @property
     def rows(self) -> dict:
@@ -98,15 +114,34 @@ class Ranks:
             return
         if name == "localize":
             self.lines = _localized(obs)
+            self.tiers = dict(_tiers(obs))
             self._valid.localized(obs)
         elif name == "propose_edits":
             key = (args.get("path"), _int(args.get("line")))
             if None not in key:
                 self._lists[(key, self._tag())] = _rows(obs, self.view_key)
+                self.listed.add(key)
         elif name == "apply_edit":
             a = parse_applied(obs)
             if a is not None:
                 self._valid.applied(a)
+
+    def progress(self) -> str:
+        """The view's tier-progress note (`view["progress"] == "tier"`, read after localize's and
+        each propose_edits answer): `next to list: k.`, the rank of the first line not yet
+        proposed in the tiers begun so far (tier 1 before anything is proposed), or `tier t
+        listed.` once every line of those tiers has its list. The demonstrator lists a whole tier,
+        then attempts; SFT did not learn where a tier ends (teacher-forced on its own
+        demonstrations it listed another line at 43 of 68 "now attempt" turns, docs/training.md
+        session 22): a comparison of tier labels across the whole localize answer, made one local
+        phrase here. Empty before localize has answered."""
+        if not self.lines:
+            return ""
+        top = max((self.tiers.get(k, 1) for k in self.listed), default=1)
+        for k, key in enumerate(self.lines, 1):
+            if self.tiers.get(key, top + 1) <= top and key not in self.listed:
+                return f"next to list: {k}."
+        return f"tier {top} listed."
 
     def line_rank(self, path, line) -> int | None:
         try:

@@ -76,6 +76,9 @@ class RecipeSettings:
     # On since run 13: SFT 0.361 = the prior harness's 0.367, SFT - random +12.2 [+2.8, +21.7]
     # (run 11, environment indices: 0.333, +9.4 [0.0, +18.3]; docs/training.md)
     rank_actions: bool = True
+    # the view's tier-progress note (chat.make_view(progress=True), Ranks.progress; rank actions
+    # only): "next to list: k." / "tier t listed." after localize and each list (session 22)
+    tier_progress: bool = False
     sft_overrides: dict = field(default_factory=dict)
 
     @classmethod
@@ -186,7 +189,8 @@ def recipe_view(settings: "RecipeSettings", rows, prior=None) -> dict | None:
         # a prior that counted nothing ranks nothing: the env's order, as a checkpoint without a view
         view = make_view(prior, source=source) if prior.counts else None
     extra = {**({"task": "hidden"} if settings.hide_task else {}),
-             **({"actions": "rank"} if settings.rank_actions else {})}
+             **({"actions": "rank"} if settings.rank_actions else {}),
+             **({"progress": "tier"} if settings.rank_actions and settings.tier_progress else {})}
     return {**(view or {}), **extra} if extra else view
 
 

@@ -275,3 +275,41 @@ def test_a_random_policy_in_ranks_drives_the_real_environment(tokenizer, tiny_mo
                 assert not answer["content"].startswith("error:"), (logged, answer["content"])
         assert training_sequence(rec) is not None
     assert numbered >= 4 and translated >= 1
+
+
+def test_tier_progress_note_says_what_the_demonstrator_does_next(demos):
+    """The view's tier-progress note (`make_view(..., progress=True)`, session 22) on the
+    demonstrator's real episodes: before each of its proposals (not an undo's) the last note reads
+    `next to list: k.` with k the rank it proposes; before each first attempt it reads `tier t
+    listed.` unless the demonstrator stopped listing for want of turns. Without the setting the
+    rendering is unchanged: no note."""
+    import re
+
+    view, runs = demos
+    pview = {**view, "progress": "tier"}
+    proposals = attempts = 0
+    for run in runs:
+        started = False
+        prev = None
+        for i, name, args in _calls(run.messages):
+            plain = prepare(run.messages[:i], TOOLS, view=view)
+            noted = prepare(run.messages[:i], TOOLS, view=pview)
+            tools_said = [m["content"] for m in noted if m["role"] == "tool"]
+            assert [m["content"] for m in plain if m["role"] == "tool"] == [
+                re.sub(r"\n(next to list: \d+\.|tier \d+ listed\.)$", "", t) for t in tools_said]
+            note = next((t.rsplit("\n", 1)[-1] for t in reversed(tools_said)
+                         if re.search(r"(next to list: \d+\.|tier \d+ listed\.)$", t)), None)
+            if name == "propose_edits" and prev != "run_tests":
+                r = Ranks.of(run.messages[:i], view).to_rank(name, args)
+                assert note == f"next to list: {r['line']}.", (run.task_id, i, note, r)
+                proposals += 1
+            if name == "apply_edit" and not started:
+                started = True
+                if not re.fullmatch(r"tier \d+ listed\.", note):
+                    # it stops listing with 5 turns left: room for one attempt, its undo and submit
+                    assert run.messages and sum(1 for m in run.messages[:i] if m["role"] == "assistant") >= 14 - 6
+                attempts += 1
+            prev = name
+    assert proposals > len(runs) and attempts >= len(runs) - 1
+    # the note needs ranks: a view of environment numbers never carries it
+    assert "progress" not in make_view(None, progress=True) and make_view(None, rank=True, progress=True)["progress"] == "tier"

@@ -126,11 +126,13 @@ VIEW_PRIOR = "prior"
 TASK_HIDDEN_TEXT = "Make the failing tests pass."
 
 
-def make_view(prior, *, source: str = "", hide_task: bool = False, rank: bool = False) -> dict:
+def make_view(prior, *, source: str = "", hide_task: bool = False, rank: bool = False,
+              progress: bool = False) -> dict:
     """The view setting of a checkpoint whose lists are shown in `prior`'s order (a Prior fit on
     train-split data only: `sandboxes.agents.prior.fit_prior`; None: the env's order). `source`
     says what it was fit on. `hide_task`: the view also names no task (see TASK_HIDDEN_TEXT).
-    `rank`: rank-relative actions (`ratchet.policy.rank_actions`)."""
+    `rank`: rank-relative actions (`ratchet.policy.rank_actions`); `progress` (with `rank` only):
+    the tier-progress note after localize's and each propose_edits answer (`Ranks.progress`)."""
     from sandboxes.agents.prior import as_prior
 
     view: dict = {}
@@ -138,11 +140,22 @@ def make_view(prior, *, source: str = "", hide_task: bool = False, rank: bool = 
         p = as_prior(prior)
         view = {"candidates": VIEW_PRIOR, "prior": {"counts": dict(sorted(p.counts.items()))},
                 "fit": {"tasks": len(p.task_ids), "source": source}}
-    return {**view, **({"task": "hidden"} if hide_task else {}), **({"actions": "rank"} if rank else {})}
+    return {**view, **({"task": "hidden"} if hide_task else {}), **({"actions": "rank"} if rank else {}),
+            **({"progress": PROGRESS_TIER} if progress and rank else {})}
 
 
 def task_hidden(view: dict | None) -> bool:
     return bool(view) and view.get("task") == "hidden"
+
+
+# the tier-progress note (session 22; `make_view(..., progress=True)`, rank-relative actions only):
+# see `ratchet.policy.rank_actions.Ranks.progress`. A view without the key renders as before.
+PROGRESS_TIER = "tier"
+PROGRESS_AFTER = ("localize", "propose_edits")
+
+
+def tier_progress(view: dict | None) -> bool:
+    return bool(view) and view.get("progress") == PROGRESS_TIER
 
 
 _PRIORS: dict = {}
@@ -306,6 +319,9 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
     # policy writes, from the observations before each call; a call naming nothing listed keeps
     # its numbers and does not train (the policy could not have written it)
     ranks = Ranks(view) if rank_actions(view) else None
+    progress = ranks is not None and tier_progress(view)
+    if progress:
+        from sandboxes.observations import is_error
     sent: dict = {}             # call id -> (name, arguments as the environment got them)
     out = []
     for m in messages:
@@ -340,6 +356,9 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
             if ranks is not None:
                 name, args = sent.get(m.get("tool_call_id"), (m.get("name") or "", {}))
                 ranks.observe(name, args, text)
+                if progress and name in PROGRESS_AFTER and not is_error(text) and (note := ranks.progress()):
+                    # after the clip, so a long list never hides it (Ranks.progress)
+                    out[-1]["content"] += "\n" + note
         elif role == "user" and task_hidden(view) and not any(o["role"] == "assistant" for o in out):
             out.append({"role": role, "content": TASK_HIDDEN_TEXT})
         else:
