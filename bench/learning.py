@@ -28,6 +28,10 @@ RL is trained `--rl-seeds` times (default 3) from the one SFT checkpoint under r
 the paired RL differences pool them (per task, the mean over RL seeds), each seed is reported too,
 and `train_cpu_min` is SFT + the costliest seed's RL (what one candidate costs, at most).
 
+`--tier-progress` (session 22, off by default): the view's note "next to list: k." / "tier t
+listed." (RecipeSettings.tier_progress); `bench/imitation.py --run DIR` then shows how the run's
+SFT follows its demonstrator, decision by decision.
+
 Final line: one JSON object; ratio = rl_pass / sft_pass, baseline = the SFT checkpoint.
 """
 from __future__ import annotations
