@@ -46,21 +46,27 @@ def calls(messages) -> list[tuple[str, dict]]:
     return out
 
 
+def decision(name: str, earlier: list[str]) -> str:
+    """What kind of decision a demonstrated call is, from the calls before it: `attempt` (an
+    apply_edit that is not an undo: the turn where the demonstrator stops listing), `list` (a
+    propose_edits that is not an undo's), `undo` (either call of an undo), or the tool's name."""
+    if name == "apply_edit":
+        return "undo" if len(earlier) >= 2 and earlier[-2] == "run_tests" else "attempt"
+    if name == "propose_edits":
+        return "undo" if earlier and earlier[-1] == "run_tests" else "list"
+    return name
+
+
 def shape(messages) -> dict:
     """An episode's decisions: the lines proposed (in order), the attempts (line, candidate index)
-    and the proposals made before the first attempt. A failed attempt is undone by `run_tests`,
-    `propose_edits` on the edited line, `apply_edit` of the inverse: that proposal and that apply
-    are the undo, neither a proposal nor an attempt."""
+    and the proposals made before the first attempt; an undo's calls are neither (`decision`)."""
     cs = calls(messages)
     proposals, attempts, before = [], [], None
     for i, (name, args) in enumerate(cs):
-        if name == "propose_edits":
-            if i >= 1 and cs[i - 1][0] == "run_tests":
-                continue                      # the undo's look at the edited line
+        kind = decision(name, [n for n, _ in cs[:i]])
+        if kind == "list":
             proposals.append(args.get("line"))
-        elif name == "apply_edit":
-            if i >= 2 and cs[i - 2][0] == "run_tests":
-                continue
+        elif kind == "attempt":
             if before is None:
                 before = len(proposals)
             attempts.append((args.get("line"), args.get("index")))
@@ -108,17 +114,6 @@ def compare(demo: list[dict], policy: list[dict]) -> dict:
     }
 
 
-def decision(name: str, earlier: list[str]) -> str:
-    """What kind of decision a demonstrated call is, from the calls before it: `attempt` (an
-    apply_edit that is not an undo: the turn where the demonstrator stops listing), `list` (a
-    propose_edits that is not an undo's), `undo` (either call of an undo), or the tool's name."""
-    if name == "apply_edit":
-        return "undo" if len(earlier) >= 2 and earlier[-2] == "run_tests" else "attempt"
-    if name == "propose_edits":
-        return "undo" if earlier and earlier[-1] == "run_tests" else "list"
-    return name
-
-
 def teacher_forced(policy, episodes) -> dict:
     """Each demonstrated turn's prefix given to `policy` (greedy): per decision kind, how often it
     calls the same tool and makes the very same call (ranks turned back into the environment's
@@ -129,12 +124,12 @@ def teacher_forced(policy, episodes) -> dict:
     for ep in episodes:
         earlier: list[str] = []
         for i, m in enumerate(ep["messages"]):
-            for c in (m.get("tool_calls") or [])[:1] if m.get("role") == "assistant" else ():
-                name, args = c["function"]["name"], c["function"]["arguments"]
-                args = json.loads(args) if isinstance(args, str) else args
-                reqs.append(GenerationRequest(ep["messages"][:i], ep["tools"], seed=0))
-                want.append((decision(name, earlier), name, args))
-                earlier.append(name)
+            if m.get("role") != "assistant" or not m.get("tool_calls"):
+                continue
+            (name, args), = calls([m])[:1]          # one call a turn, as the structured tools emit
+            reqs.append(GenerationRequest(ep["messages"][:i], ep["tools"], seed=0))
+            want.append((decision(name, earlier), name, args))
+            earlier.append(name)
     out: dict = {}
     for s in range(0, len(reqs), 32):
         for comp, (kind, name, args) in zip(policy.generate(reqs[s:s + 32]), want[s:s + 32]):

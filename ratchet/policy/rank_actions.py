@@ -52,15 +52,15 @@ def _localized(obs: str) -> tuple:
 
 @functools.lru_cache(maxsize=1024)
 def _tiers(obs: str) -> tuple:
-    """((path, line), tier) per localize row: tier 1 for the rows of the top score, +1 at each
-    change of score (the tiers `chat.policy_view` labels the rows with)."""
-    from sandboxes.observations import parse_localize
+    """((path, line), tier) per localize row, the tier its row is labelled with in the policy's
+    view (`chat._tiers`: 1 for the top score, +1 at each change of score), so the progress note
+    and the labels never disagree."""
+    from ratchet.policy.embedded.chat import _LOC_ROW, _tiers as row_tiers
 
-    out, last, t = {}, None, 0
-    for f, ln, score in parse_localize(obs):
-        t += score != last
-        last = score
-        out.setdefault((f, ln), t)
+    out: dict = {}
+    for row, t in row_tiers(obs).items():
+        m = _LOC_ROW.match(row)
+        out.setdefault((m.group(2), int(m.group(3))), t)
     return tuple(out.items())
 
 
