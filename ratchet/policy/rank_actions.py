@@ -73,6 +73,21 @@ def _rows(obs: str, view_key: str) -> tuple:
     return tuple(i for i, _ in order_candidates(parse_candidates(obs), json.loads(view_key) if view_key else None))
 
 
+@functools.lru_cache(maxsize=4096)
+def _scores(obs: str, view_key: str) -> tuple:
+    """A candidate list's prior scores (`sandboxes.agents.prior.line_scores`) in the order the view
+    lists its rows; () without a prior in the view."""
+    from ratchet.policy.embedded.chat import order_candidates
+    from sandboxes.agents.prior import as_prior, line_scores
+    from sandboxes.observations import parse_candidates
+
+    view = json.loads(view_key) if view_key else {}
+    if not (view.get("prior") or {}).get("counts"):
+        return ()
+    rows = order_candidates(parse_candidates(obs), view)
+    return tuple(line_scores(rows, as_prior(view["prior"])))
+
+
 def _int(v) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -90,6 +105,8 @@ class Ranks:
         self._tag = self._valid.tag
         self.tiers: dict = {}       # (path, line) -> SBFL tier on localize's last answer
         self.listed: set = set()    # (path, line) the episode has proposed edits for
+        self.tried: set = set()     # (path, line, index): attempts (an edit of the clean file)
+        self._scored: dict = {}     # (path, line) -> prior scores of its clean-file list, view order
 
     @property
     def rows(self) -> dict:
@@ -121,10 +138,15 @@ class Ranks:
             if None not in key:
                 self._lists[(key, self._tag())] = _rows(obs, self.view_key)
                 self.listed.add(key)
+                if self._valid.clean:
+                    self._scored[key] = _scores(obs, self.view_key)
         elif name == "apply_edit":
             a = parse_applied(obs)
             if a is not None:
+                was_clean = self._valid.clean
                 self._valid.applied(a)
+                if was_clean and not self._valid.clean:
+                    self.tried.add((a.path, a.line, a.index))
 
     def progress(self) -> str:
         """The view's tier-progress note (`view["progress"] == "tier"`, read after localize's and
@@ -142,6 +164,35 @@ class Ranks:
             if self.tiers.get(key, top + 1) <= top and key not in self.listed:
                 return f"next to list: {k}."
         return f"tier {top} listed."
+
+    @property
+    def clean(self) -> bool:
+        return self._valid.clean
+
+    def pick(self) -> str:
+        """The view's pick note (`view["pick"] == "prior"`, read on the clean file after each list
+        and each undo): `best untried: line k, index i.`, the untried row the structured
+        demonstrator attempts next among the lists that describe the file now, by its own order
+        (`sandboxes.agents.prior.ranked_candidates`: SBFL tier, the prior's line score, SBFL rank,
+        then the view's row order); empty when nothing listed is left untried or off the clean
+        file. Why: with the tier boundary learnt (the progress note and 10 SFT epochs), the policy's
+        next error was this cross-list choice (11 of 11 validation tasks lost to the demonstrator:
+        another line first; docs/training.md session 22): comparing prior counts across 2-4 lists
+        in earlier messages, made one local phrase here, in the tokens of the call."""
+        if not self.lines or not self._valid.clean:
+            return ""
+        best = None
+        for key, rows in self.rows.items():
+            k, scores = self.line_rank(*key), self._scored.get(key, ())
+            if k is None or len(scores) != len(rows):
+                continue
+            for r, (i, s) in enumerate(zip(rows, scores), 1):
+                if (*key, i) in self.tried:
+                    continue
+                cand = (self.tiers.get(key, 99), -s, k, r)
+                if best is None or cand < best:
+                    best = cand
+        return "" if best is None else f"best untried: line {best[2]}, index {best[3]}."
 
     def line_rank(self, path, line) -> int | None:
         try:

@@ -79,6 +79,9 @@ class RecipeSettings:
     # the view's tier-progress note (chat.make_view(progress=True), Ranks.progress; rank actions
     # only): "next to list: k." / "tier t listed." after localize and each list (session 22)
     tier_progress: bool = False
+    # the view's pick note (chat.make_view(pick=True), Ranks.pick; rank actions and a prior only):
+    # "best untried: line k, index i." on the clean file after each list and undo (session 23)
+    pick_note: bool = False
     sft_overrides: dict = field(default_factory=dict)
 
     @classmethod
@@ -190,7 +193,8 @@ def recipe_view(settings: "RecipeSettings", rows, prior=None) -> dict | None:
         view = make_view(prior, source=source) if prior.counts else None
     extra = {**({"task": "hidden"} if settings.hide_task else {}),
              **({"actions": "rank"} if settings.rank_actions else {}),
-             **({"progress": "tier"} if settings.rank_actions and settings.tier_progress else {})}
+             **({"progress": "tier"} if settings.rank_actions and settings.tier_progress else {}),
+             **({"pick": "prior"} if settings.rank_actions and settings.pick_note and view else {})}
     return {**(view or {}), **extra} if extra else view
 
 

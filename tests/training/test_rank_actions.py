@@ -313,3 +313,40 @@ def test_tier_progress_note_says_what_the_demonstrator_does_next(demos):
     assert proposals > len(runs) and attempts >= len(runs) - 1
     # the note needs ranks: a view of environment numbers never carries it
     assert "progress" not in make_view(None, progress=True) and make_view(None, rank=True, progress=True)["progress"] == "tier"
+
+
+def test_pick_note_names_the_demonstrators_next_attempt(demos):
+    """The view's pick note (`make_view(..., pick=True)`, session 23) on the demonstrator's real
+    episodes: before each attempt it makes once its tier is listed (an apply_edit on the clean
+    file), the last pick note names that very call in ranks; before an undo (the file is edited)
+    the last tool message carries no note. Without the setting the rendering is unchanged."""
+    import re
+
+    view, runs = demos
+    nview = {**view, "progress": "tier", "pick": "prior"}
+    note_re = re.compile(r"\nbest untried: line (\d+), index (\d+)\.$")
+    attempts = undos = 0
+    for run in runs:
+        for i, name, args in _calls(run.messages):
+            plain = prepare(run.messages[:i], TOOLS, view={**view, "progress": "tier"})
+            noted = prepare(run.messages[:i], TOOLS, view=nview)
+            said = [m["content"] for m in noted if m["role"] == "tool"]
+            assert [m["content"] for m in plain if m["role"] == "tool"] == [note_re.sub("", t) for t in said]
+            ranks = Ranks.of(run.messages[:i], view)
+            if name != "apply_edit":
+                continue
+            if ranks.clean:
+                m = next(m for t in reversed(said) if (m := note_re.search(t)))
+                r = ranks.to_rank(name, args)
+                assert (int(m.group(1)), int(m.group(2))) == (r["line"], r["index"]), (run.task_id, i, m.group(0), r)
+                attempts += 1
+            else:
+                assert not note_re.search(said[-1])
+                undos += 1
+    assert attempts >= len(runs) and undos >= 1
+    # the note needs ranks and a prior
+    from sandboxes.agents.prior import Prior
+
+    assert "pick" not in make_view(None, rank=True, pick=True)
+    assert "pick" not in make_view(Prior.from_counts({"comparison_swap": 1}), pick=True)
+    assert make_view(Prior.from_counts({"comparison_swap": 1}), rank=True, pick=True)["pick"] == "prior"

@@ -127,12 +127,14 @@ TASK_HIDDEN_TEXT = "Make the failing tests pass."
 
 
 def make_view(prior, *, source: str = "", hide_task: bool = False, rank: bool = False,
-              progress: bool = False) -> dict:
+              progress: bool = False, pick: bool = False) -> dict:
     """The view setting of a checkpoint whose lists are shown in `prior`'s order (a Prior fit on
     train-split data only: `sandboxes.agents.prior.fit_prior`; None: the env's order). `source`
     says what it was fit on. `hide_task`: the view also names no task (see TASK_HIDDEN_TEXT).
     `rank`: rank-relative actions (`ratchet.policy.rank_actions`); `progress` (with `rank` only):
-    the tier-progress note after localize's and each propose_edits answer (`Ranks.progress`)."""
+    the tier-progress note after localize's and each propose_edits answer (`Ranks.progress`);
+    `pick` (with `rank` and a prior only): the pick note on the clean file after each list and each
+    undo (`Ranks.pick`)."""
     from sandboxes.agents.prior import as_prior
 
     view: dict = {}
@@ -141,7 +143,8 @@ def make_view(prior, *, source: str = "", hide_task: bool = False, rank: bool = 
         view = {"candidates": VIEW_PRIOR, "prior": {"counts": dict(sorted(p.counts.items()))},
                 "fit": {"tasks": len(p.task_ids), "source": source}}
     return {**view, **({"task": "hidden"} if hide_task else {}), **({"actions": "rank"} if rank else {}),
-            **({"progress": PROGRESS_TIER} if progress and rank else {})}
+            **({"progress": PROGRESS_TIER} if progress and rank else {}),
+            **({"pick": PICK_PRIOR} if pick and rank and view else {})}
 
 
 def task_hidden(view: dict | None) -> bool:
@@ -156,6 +159,16 @@ PROGRESS_AFTER = ("localize", "propose_edits")
 
 def tier_progress(view: dict | None) -> bool:
     return bool(view) and view.get("progress") == PROGRESS_TIER
+
+
+# the pick note (session 23; `make_view(..., pick=True)`, rank-relative actions and a prior only):
+# see `ratchet.policy.rank_actions.Ranks.pick`. A view without the key renders as before.
+PICK_PRIOR = "prior"
+PICK_AFTER = ("propose_edits", "apply_edit")
+
+
+def pick_note(view: dict | None) -> bool:
+    return bool(view) and view.get("pick") == PICK_PRIOR
 
 
 _PRIORS: dict = {}
@@ -320,7 +333,8 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
     # its numbers and does not train (the policy could not have written it)
     ranks = Ranks(view) if rank_actions(view) else None
     progress = ranks is not None and tier_progress(view)
-    if progress:
+    pick = ranks is not None and pick_note(view)
+    if progress or pick:
         from sandboxes.observations import is_error
     sent: dict = {}             # call id -> (name, arguments as the environment got them)
     out = []
@@ -359,6 +373,8 @@ def prepare(messages: list[dict], tools: list[dict] | None, *, max_tool_chars: i
                 if progress and name in PROGRESS_AFTER and not is_error(text) and (note := ranks.progress()):
                     # after the clip, so a long list never hides it (Ranks.progress)
                     out[-1]["content"] += "\n" + note
+                if pick and name in PICK_AFTER and not is_error(text) and (note := ranks.pick()):
+                    out[-1]["content"] += "\n" + note      # clean file only (Ranks.pick)
         elif role == "user" and task_hidden(view) and not any(o["role"] == "assistant" for o in out):
             out.append({"role": role, "content": TASK_HIDDEN_TEXT})
         else:
