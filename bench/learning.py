@@ -265,6 +265,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pick", action=argparse.BooleanOptionalAction, default=None,
                     help="the view's pick note (RecipeSettings.pick_note, Ranks.pick: 'best untried: line k, index i.' "
                          "on the clean file after each list and undo; session 23); default: the recipe's")
+    ap.add_argument("--follow", action=argparse.BooleanOptionalAction, default=None,
+                    help="rank 0 names what the notes name (RecipeSettings.follow_notes, Ranks.followed; with "
+                         "--tier-progress --pick; session 23); default: the recipe's")
     ap.add_argument("--rank-actions", action=argparse.BooleanOptionalAction, default=True,
                     help="calls name the k-th listed line / candidate row instead of the environment's numbers "
                          "(RecipeSettings.rank_actions, ratchet.policy.rank_actions; on since run 13, "
@@ -288,6 +291,9 @@ def main(argv=None) -> int:
     if a.tier_progress is None:
         from ratchet.training.recipe import RecipeSettings as _RS
         a.tier_progress = _RS().tier_progress
+    if a.follow is None:
+        from ratchet.training.recipe import RecipeSettings as _RS
+        a.follow = _RS().follow_notes
     if a.pick is None:
         from ratchet.training.recipe import RecipeSettings as _RS
         a.pick = _RS().pick_note
@@ -336,7 +342,7 @@ def main(argv=None) -> int:
     # the view every embedded policy here reads (the recipe's, from this train-fit prior)
     view = recipe_view(RecipeSettings(prior_view=not a.no_prior_view, hide_task=a.hide_task,
                                        rank_actions=a.rank_actions, tier_progress=a.tier_progress,
-                                       pick_note=a.pick), [], prior)
+                                       pick_note=a.pick, follow_notes=a.follow), [], prior)
     # what the view really holds (the JSON and the log report it, not the flags)
     ordered, hidden = bool(view and view.get("candidates")), task_hidden(view)
     say(f"suite: {len(tasks)} tasks of {len({problem_number(b) for b in tasks})} problems; train {len(train)} (even problems), "
@@ -388,7 +394,8 @@ def main(argv=None) -> int:
                         rl_minibatches=a.rl_minibatches,
                         rl_tasks_per_step=size["rl_tasks_per_step"], rl_group_size=size["rl_group_size"],
                         max_turns=a.max_turns, prior_view=not a.no_prior_view, hide_task=a.hide_task,
-                        rank_actions=a.rank_actions, tier_progress=a.tier_progress, pick_note=a.pick)
+                        rank_actions=a.rank_actions, tier_progress=a.tier_progress, pick_note=a.pick,
+                        follow_notes=a.follow)
 
     def on_step(r, seed=0):
         say(f"  rl seed {seed} step {r['step']}: pass {r['pass_rate']} reward {r['reward'] and round(r['reward'], 3)} "
@@ -512,7 +519,7 @@ def main(argv=None) -> int:
         "view": {"candidates": "prior" if ordered else "env", "task": "hidden" if hidden else "shown",
                  "actions": "rank" if rank_actions(view) else "env",
                  "progress": (view or {}).get("progress", "none"),
-                 "pick": (view or {}).get("pick", "none"), "prior_tasks": len(prior.task_ids),
+                 "pick": (view or {}).get("pick", "none"), "follow": (view or {}).get("follow", "none"), "prior_tasks": len(prior.task_ids),
                  "sft": read_view(res.sft.checkpoint) == view,
                  "rl": all(read_view(r.checkpoint) == view for r in rls) if rls else None}, "rl_steps": len(res.rl.history) if res.rl else 0,
         "rl_history": [{k: h.get(k) for k in ("step", "pass_rate", "reward", "kl", "entropy", "flat_groups")}

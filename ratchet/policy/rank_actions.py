@@ -31,6 +31,8 @@ import functools
 import json
 
 RANK = "rank"
+FOLLOW_NOTES = "notes"
+FOLLOW = 0      # the rank that names what the notes name (`Ranks.followed`)
 NUMBERED = ("propose_edits", "apply_edit")      # the calls whose numbers are ranks
 
 
@@ -99,6 +101,8 @@ class Ranks:
         from ratchet.policy.action_mask import ListValidity
 
         self.view_key = json.dumps(view) if view else ""
+        # rank 0 names what the notes name (view["follow"] == "notes", session 23): see `followed`
+        self.follow = bool(view) and view.get("follow") == FOLLOW_NOTES
         self.lines: tuple = ()
         self._lists: dict = {}      # ((path, line), tag) -> env indices in view order
         self._valid = ListValidity()  # the mask's own tracker: which list a row number refers to
@@ -159,11 +163,19 @@ class Ranks:
         phrase here. Empty before localize has answered."""
         if not self.lines:
             return ""
-        top = max((self.tiers.get(k, 1) for k in self.listed), default=1)
+        k = self.next_to_list()
+        return f"next to list: {k}." if k else f"tier {self._top()} listed."
+
+    def _top(self) -> int:
+        return max((self.tiers.get(k, 1) for k in self.listed), default=1)
+
+    def next_to_list(self) -> int | None:
+        """The rank the progress note names (`next to list: k.`), None when it says `listed`."""
+        top = self._top()
         for k, key in enumerate(self.lines, 1):
             if self.tiers.get(key, top + 1) <= top and key not in self.listed:
-                return f"next to list: {k}."
-        return f"tier {top} listed."
+                return k
+        return None
 
     @property
     def clean(self) -> bool:
@@ -179,8 +191,13 @@ class Ranks:
         next error was this cross-list choice (11 of 11 validation tasks lost to the demonstrator:
         another line first; docs/training.md session 22): comparing prior counts across 2-4 lists
         in earlier messages, made one local phrase here, in the tokens of the call."""
+        best = self.best_untried()
+        return "" if best is None else f"best untried: line {best[0]}, index {best[1]}."
+
+    def best_untried(self) -> tuple | None:
+        """(line rank, row rank) the pick note names; None when it says nothing."""
         if not self.lines or not self._valid.clean:
-            return ""
+            return None
         best = None
         for key, rows in self.rows.items():
             k, scores = self.line_rank(*key), self._scored.get(key, ())
@@ -192,7 +209,25 @@ class Ranks:
                 cand = (self.tiers.get(key, 99), -s, k, r)
                 if best is None or cand < best:
                     best = cand
-        return "" if best is None else f"best untried: line {best[2]}, index {best[3]}."
+        return None if best is None else best[2:]
+
+    def followed(self, name: str) -> dict | None:
+        """What rank 0 names (view["follow"] == "notes"), as ranks: for propose_edits the line the
+        progress note names, for apply_edit the row the pick note names; None when the notes name
+        nothing (or off the clean file). Why: with both notes in its view and 10 SFT epochs, the
+        policy called the demonstrator's tool at 0.985 of its "now attempt" turns but wrote the
+        note's numbers at only 0.691 (validation 0.531): copying two numbers from a note is a
+        pointer operation a 1M-parameter model did not learn from 68 examples; "do what the note
+        says" in ranks is one constant token, as "the first listed row" was (run 13)."""
+        if not (self.follow and self._valid.clean):
+            return None
+        if name == "propose_edits":
+            k = self.next_to_list()
+            return None if k is None else {"path": self.lines[k - 1][0], "line": k}
+        if name == "apply_edit":
+            b = self.best_untried()
+            return None if b is None else {"path": self.lines[b[0] - 1][0], "line": b[0], "index": b[1]}
+        return None
 
     def line_rank(self, path, line) -> int | None:
         try:
@@ -221,6 +256,9 @@ class Ranks:
             if i is None:
                 return None
             out["index"] = i
+        f = self.followed(name)
+        if f is not None and all(out.get(key) == v for key, v in f.items()):
+            out = {**out, "line": FOLLOW, **({"index": FOLLOW} if name == "apply_edit" else {})}
         return out
 
     def to_env(self, name: str, args: dict) -> dict | None:
@@ -228,6 +266,11 @@ class Ranks:
         if name not in NUMBERED or not isinstance(args, dict):
             return args
         k, path = _int(args.get("line")), args.get("path")
+        if k == FOLLOW and self.follow:
+            f = self.followed(name)
+            if f is None or f["path"] != path or (name == "apply_edit" and _int(args.get("index")) != FOLLOW):
+                return None
+            return self.to_env(name, {**args, **f})
         if k is None or not 1 <= k <= len(self.lines) or self.lines[k - 1][0] != path:
             return None
         line = self.lines[k - 1][1]
@@ -271,6 +314,11 @@ def rank_schemas(schemas: list[dict], ranks: Ranks) -> list[dict]:
             continue
         params = fn["parameters"]
         branches = [b for b in (params.get("anyOf") or [params]) for b in _rank_branch(fn["name"], b, ranks)]
+        f = ranks.followed(fn["name"])
+        if f is not None and any(_offers(b, f) for b in branches):
+            props = {key: {"type": "string" if key == "path" else "integer",
+                           "enum": [f["path"] if key == "path" else FOLLOW]} for key in f}
+            branches = [{**branches[0], "properties": props, "required": list(f)}] + branches
         if branches:
             t = copy.deepcopy(t)
             (t.get("function") or t)["parameters"] = branches[0] if len(branches) == 1 else {"anyOf": branches}
@@ -300,3 +348,9 @@ def _rank_branch(name: str, b: dict, ranks: Ranks) -> list[dict]:
             nb["properties"]["index"] = {**props["index"], "enum": idx}
         out.append(nb)
     return out
+
+
+def _offers(b: dict, args: dict) -> bool:
+    """Whether a ranked branch admits these arguments."""
+    props = b.get("properties") or {}
+    return all(v in (props.get(k) or {}).get("enum", ()) for k, v in args.items())

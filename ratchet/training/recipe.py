@@ -82,6 +82,8 @@ class RecipeSettings:
     # the view's pick note (chat.make_view(pick=True), Ranks.pick; rank actions and a prior only):
     # "best untried: line k, index i." on the clean file after each list and undo (session 23)
     pick_note: bool = False
+    # rank 0 names what the notes name (Ranks.followed; with tier_progress and pick_note only)
+    follow_notes: bool = False
     sft_overrides: dict = field(default_factory=dict)
 
     @classmethod
@@ -194,7 +196,9 @@ def recipe_view(settings: "RecipeSettings", rows, prior=None) -> dict | None:
     extra = {**({"task": "hidden"} if settings.hide_task else {}),
              **({"actions": "rank"} if settings.rank_actions else {}),
              **({"progress": "tier"} if settings.rank_actions and settings.tier_progress else {}),
-             **({"pick": "prior"} if settings.rank_actions and settings.pick_note and view else {})}
+             **({"pick": "prior"} if settings.rank_actions and settings.pick_note and view else {}),
+             **({"follow": "notes"} if settings.rank_actions and settings.tier_progress and settings.pick_note
+                and settings.follow_notes and view else {})}
     return {**(view or {}), **extra} if extra else view
 
 

@@ -350,3 +350,43 @@ def test_pick_note_names_the_demonstrators_next_attempt(demos):
     assert "pick" not in make_view(None, rank=True, pick=True)
     assert "pick" not in make_view(Prior.from_counts({"comparison_swap": 1}), pick=True)
     assert make_view(Prior.from_counts({"comparison_swap": 1}), rank=True, pick=True)["pick"] == "prior"
+
+
+def test_rank_zero_follows_the_notes_on_the_demonstrators_episodes(demos):
+    """`make_view(..., follow=True)` (session 23): rank 0 names what the notes name. On the
+    demonstrator's real episodes every call round-trips (env -> ranks -> env), lies inside the
+    ranked mask, and each of its proposals (not an undo's) and attempts renders as rank 0, since it
+    does exactly what the notes say; the mask still offers the explicit ranks beside it, and rank 0
+    is never offered on an edited file (the undo)."""
+    from sandboxes.agents.prior import Prior
+
+    view, runs = demos
+    fview = {**view, "progress": "tier", "pick": "prior", "follow": "notes"}
+    zero = {"propose_edits": 0, "apply_edit": 0}
+    undos = 0
+    for run in runs:
+        for i, name, args in _calls(run.messages):
+            msgs = run.messages[:i]
+            assert call_allowed(msgs, TOOLS, name, args, view=fview), (run.task_id, i, name, args)
+            ranks = Ranks.of(msgs, fview)
+            r = ranks.to_rank(name, args)
+            assert r is not None and ranks.to_env(name, r) == args
+            if name not in zero:
+                continue
+            offered = {t["function"]["name"]: t["function"]["parameters"] for t in narrow(msgs, TOOLS, view=fview)}
+            lines = [k for b in offered[name].get("anyOf", [offered[name]]) for k in b["properties"]["line"]["enum"]]
+            if ranks.clean:
+                assert r["line"] == 0 and r.get("index", 0) == 0, (run.task_id, i, name, r)
+                assert lines[0] == 0 and any(k >= 1 for k in lines)
+                zero[name] += 1
+            else:
+                assert 0 not in lines and r["line"] >= 1
+                undos += 1
+    assert zero["propose_edits"] > len(runs) and zero["apply_edit"] >= len(runs) and undos >= 2
+    # rank 0 where the notes name nothing is never sent as a number
+    ranks = Ranks.of(runs[0].messages[:1], fview)
+    assert ranks.to_env("apply_edit", {"path": "solution.py", "line": 0, "index": 0}) is None
+    # it needs both notes
+    p = Prior.from_counts({"comparison_swap": 1})
+    assert "follow" not in make_view(p, rank=True, pick=True, follow=True)
+    assert make_view(p, rank=True, progress=True, pick=True, follow=True)["follow"] == "notes"

@@ -127,14 +127,15 @@ TASK_HIDDEN_TEXT = "Make the failing tests pass."
 
 
 def make_view(prior, *, source: str = "", hide_task: bool = False, rank: bool = False,
-              progress: bool = False, pick: bool = False) -> dict:
+              progress: bool = False, pick: bool = False, follow: bool = False) -> dict:
     """The view setting of a checkpoint whose lists are shown in `prior`'s order (a Prior fit on
     train-split data only: `sandboxes.agents.prior.fit_prior`; None: the env's order). `source`
     says what it was fit on. `hide_task`: the view also names no task (see TASK_HIDDEN_TEXT).
     `rank`: rank-relative actions (`ratchet.policy.rank_actions`); `progress` (with `rank` only):
     the tier-progress note after localize's and each propose_edits answer (`Ranks.progress`);
     `pick` (with `rank` and a prior only): the pick note on the clean file after each list and each
-    undo (`Ranks.pick`)."""
+    undo (`Ranks.pick`); `follow` (with both notes): rank 0 names what the notes name
+    (`Ranks.followed`)."""
     from sandboxes.agents.prior import as_prior
 
     view: dict = {}
@@ -144,7 +145,8 @@ def make_view(prior, *, source: str = "", hide_task: bool = False, rank: bool = 
                 "fit": {"tasks": len(p.task_ids), "source": source}}
     return {**view, **({"task": "hidden"} if hide_task else {}), **({"actions": "rank"} if rank else {}),
             **({"progress": PROGRESS_TIER} if progress and rank else {}),
-            **({"pick": PICK_PRIOR} if pick and rank and view else {})}
+            **({"pick": PICK_PRIOR} if pick and rank and view else {}),
+            **({"follow": "notes"} if follow and progress and pick and rank and view else {})}
 
 
 def task_hidden(view: dict | None) -> bool:
