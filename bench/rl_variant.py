@@ -88,6 +88,9 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=1.0,
                     help="evaluation sampling (0: greedy, what the holdout evaluation does; pair it only with a "
                          "--run evaluated at the same temperature, e.g. --temperature 0 --eval-seeds 1)")
+    ap.add_argument("--rl-temperature", type=float, default=None,
+                    help="GRPO's sampling temperature (RecipeSettings.rl_temperature; its logprobs are taken at the "
+                         "same temperature); default: the recipe's. Higher: more exploration from a low-entropy SFT")
     ap.add_argument("--limit", type=int, default=None, help="evaluate the first N tasks only (smoke runs)")
     ap.add_argument("--curriculum-eval-only", action="store_true")
     ap.add_argument("--checkpoint", action="append", default=[], help="with --curriculum-eval-only")
@@ -163,7 +166,8 @@ def main(argv=None) -> int:
                                ("rl_minibatches", a.minibatches)) if v}
     rs = RecipeSettings(rl_steps=a.steps, rl_lr=a.lr, rl_updates_per_step=a.updates_per_step, max_turns=14,
                         rl_turn_cost=a.turn_cost,
-                        hide_task=a.hide_task, seed=a.seed, **shape)
+                        hide_task=a.hide_task, seed=a.seed, **shape,
+                        **({"rl_temperature": a.rl_temperature} if a.rl_temperature else {}))
     new_sft = None
     if a.hide_task:
         from ratchet.training.recipe import sft_stage
@@ -214,7 +218,7 @@ def main(argv=None) -> int:
         paired[f"rl_minus_{b}"] = [iv.estimate, iv.lo, iv.hi]
         say(f"paired rl (this) - {b} ({run.name}): {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
     sft_p = new_sft[0]["pass"] if new_sft else sum(v for t, v in old["sft"].items() if t in pt) / len(pt)
-    print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum, "method": a.method, "rl_tasks": len(cur), "temperature": a.temperature, "hide_task": a.hide_task,
+    print(json.dumps({"bench": "rl_variant", "run": str(run), "curriculum": a.curriculum, "method": a.method, "rl_tasks": len(cur), "temperature": a.temperature, "rl_temperature": rs.rl_temperature, "hide_task": a.hide_task,
                       "updates_per_step": a.updates_per_step, "steps": a.steps, "turn_cost": a.turn_cost,
                       "tasks_per_step": rs.rl_tasks_per_step, "group_size": rs.rl_group_size, "minibatches": rs.rl_minibatches, "lr": a.lr, "seed": a.seed,
                       "rl_pass": res["pass"], "rl_pass_ci": res["pass_ci"], "rl_first_try": res["first_try"],
