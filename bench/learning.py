@@ -31,6 +31,9 @@ and `train_cpu_min` is SFT + the costliest seed's RL (what one candidate costs, 
 `--tier-progress` (session 22, off by default): the view's note "next to list: k." / "tier t
 listed." (RecipeSettings.tier_progress); `bench/imitation.py --run DIR` then shows how the run's
 SFT follows its demonstrator, decision by decision.
+`--pick` / `--follow` (session 23, off by default): the pick note "best untried: line k, index i."
+(RecipeSettings.pick_note) and rank 0 naming what the notes name (RecipeSettings.follow_notes, with
+--tier-progress --pick); docs/training.md session 23 has what they measured.
 
 Final line: one JSON object; ratio = rl_pass / sft_pass, baseline = the SFT checkpoint.
 """
