@@ -76,18 +76,19 @@ def _rows(obs: str, view_key: str) -> tuple:
 
 
 @functools.lru_cache(maxsize=4096)
-def _scores(obs: str, view_key: str) -> tuple:
-    """A candidate list's prior scores (`sandboxes.agents.prior.line_scores`) in the order the view
-    lists its rows; () without a prior in the view."""
-    from ratchet.policy.embedded.chat import order_candidates
-    from sandboxes.agents.prior import as_prior, line_scores
+def _candidates(obs: str) -> tuple:
     from sandboxes.observations import parse_candidates
 
-    view = json.loads(view_key) if view_key else {}
-    if not (view.get("prior") or {}).get("counts"):
-        return ()
-    rows = order_candidates(parse_candidates(obs), view)
-    return tuple(line_scores(rows, as_prior(view["prior"])))
+    return tuple(parse_candidates(obs))
+
+
+@functools.lru_cache(maxsize=64)
+def _prior(view_key: str):
+    """The view's prior (None without one), for the pick note's order."""
+    from sandboxes.agents.prior import as_prior
+
+    counts = ((json.loads(view_key) if view_key else {}).get("prior") or {}).get("counts")
+    return as_prior({"counts": counts}) if counts else None
 
 
 def _int(v) -> int | None:
@@ -110,7 +111,7 @@ class Ranks:
         self.tiers: dict = {}       # (path, line) -> SBFL tier on localize's last answer
         self.listed: set = set()    # (path, line) the episode has proposed edits for
         self.tried: set = set()     # (path, line, index): attempts (an edit of the clean file)
-        self._scored: dict = {}     # (path, line) -> prior scores of its clean-file list, view order
+        self._cands: dict = {}      # (path, line) -> its clean-file list [(env index, description)]
 
     @property
     def rows(self) -> dict:
@@ -143,7 +144,7 @@ class Ranks:
                 self._lists[(key, self._tag())] = _rows(obs, self.view_key)
                 self.listed.add(key)
                 if self._valid.clean:
-                    self._scored[key] = _scores(obs, self.view_key)
+                    self._cands[key] = _candidates(obs)
         elif name == "apply_edit":
             a = parse_applied(obs)
             if a is not None:
@@ -196,20 +197,21 @@ class Ranks:
 
     def best_untried(self) -> tuple | None:
         """(line rank, row rank) the pick note names; None when it says nothing."""
-        if not self.lines or not self._valid.clean:
+        from sandboxes.agents.prior import ranked_candidates
+
+        prior = _prior(self.view_key)
+        if not self.lines or not self._valid.clean or prior is None:
             return None
-        best = None
-        for key, rows in self.rows.items():
-            k, scores = self.line_rank(*key), self._scored.get(key, ())
-            if k is None or len(scores) != len(rows):
-                continue
-            for r, (i, s) in enumerate(zip(rows, scores), 1):
-                if (*key, i) in self.tried:
-                    continue
-                cand = (self.tiers.get(key, 99), -s, k, r)
-                if best is None or cand < best:
-                    best = cand
-        return None if best is None else best[2:]
+        # the demonstrator's own order (ranked_candidates), over the valid lists, tier by tier
+        valid = sorted((self.tiers.get(key, 99), self.line_rank(*key), key) for key in self.rows if key in self._cands)
+        tiers: dict = {}
+        for t, _, key in valid:
+            tiers.setdefault(t, []).append((key, self._cands[key]))
+        for t in sorted(tiers):
+            for key, i, _ in ranked_candidates([tiers[t]], prior):
+                if (*key, i) not in self.tried:
+                    return self.line_rank(*key), self.index_rank(*key, i)
+        return None
 
     def followed(self, name: str) -> dict | None:
         """What rank 0 names (view["follow"] == "notes"), as ranks: for propose_edits the line the
