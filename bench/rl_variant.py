@@ -94,6 +94,9 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="evaluate the first N tasks only (smoke runs)")
     ap.add_argument("--curriculum-eval-only", action="store_true")
     ap.add_argument("--checkpoint", action="append", default=[], help="with --curriculum-eval-only")
+    ap.add_argument("--eval-checkpoints", action="store_true",
+                    help="also evaluate every earlier RL checkpoint (step-NNNNN, saved every steps // 3) on the same "
+                         "validation tasks, paired with SFT: success against RL CPU from one run (per_task_rl-stepN.json)")
     ap.add_argument("--hide-task", action="store_true",
                     help="train a new SFT from the run's base_policy on its demonstrations with a view that names "
                          "no task (RecipeSettings.hide_task), then RL from it; both evaluated and paired")
@@ -212,6 +215,21 @@ def main(argv=None) -> int:
         for k, (x, y) in {"rl_minus_sft_new": (pt, new_sft[1]), "sft_new_minus_sft": (new_sft[1], old["sft"])}.items():
             iv = paired_difference(x, {t: v for t, v in y.items() if t in x})
             say(f"paired {k}: {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
+    by_step = {}
+    if a.eval_checkpoints:
+        # the budget curve: each earlier checkpoint of this one run (constant lr, the same task order, so step k
+        # of a longer run is what a k-step run trains), its cumulative CPU from its own meta
+        for ck in sorted(p for p in (out / "rl").glob("step-*") if p.resolve() != Path(rl.checkpoint).resolve()):
+            n = int(ck.name.split("-")[1])
+            rows_k = L.run_embedded(ck, val, seeds=tuple(range(a.eval_seeds)), **ev)
+            res_k, pt_k = L.summarise(rows_k), L.per_task_rate(rows_k)
+            (out / f"per_task_rl-step{n}.json").write_text(json.dumps(pt_k, indent=1, sort_keys=True))
+            iv = paired_difference(pt_k, {t: v for t, v in old["sft"].items() if t in pt_k})
+            cpu_k = json.loads((ck / "ratchet_checkpoint.json").read_text())["cpu_s"]
+            by_step[n] = {"rl_pass": res_k["pass"], "rl_first_try": res_k["first_try"],
+                          "rl_minus_sft": [iv.estimate, iv.lo, iv.hi], "train_cpu_min": round((cpu_k + sft_cpu) / 60, 2)}
+            say(f"step {n}: rl {res_k['pass']:.3f} (first try {res_k['first_try']:.3f}), rl - sft {iv.estimate:+.3f} "
+                f"[{iv.lo:+.3f}, {iv.hi:+.3f}], SFT + RL {by_step[n]['train_cpu_min']} CPU-min")
     paired = {}
     for b in ("sft", "rl", "untrained", "random", "prior", "sbfl"):
         iv = paired_difference(pt, {t: v for t, v in old[b].items() if t in pt})
@@ -222,7 +240,7 @@ def main(argv=None) -> int:
                       "updates_per_step": a.updates_per_step, "steps": a.steps, "turn_cost": a.turn_cost,
                       "tasks_per_step": rs.rl_tasks_per_step, "group_size": rs.rl_group_size, "minibatches": rs.rl_minibatches, "lr": a.lr, "seed": a.seed,
                       "rl_pass": res["pass"], "rl_pass_ci": res["pass_ci"], "rl_first_try": res["first_try"],
-                      "train_cpu_min": round((rl.cpu_s + sft_cpu) / 60, 2), "paired": paired,
+                      "train_cpu_min": round((rl.cpu_s + sft_cpu) / 60, 2), "paired": paired, "by_step": by_step,
                       "baseline": "sft", "sft_pass": sft_p, "ratio": round(res["pass"] / sft_p, 3) if sft_p else None}))
     return 0
 
