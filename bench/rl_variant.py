@@ -31,7 +31,15 @@ that was itself evaluated greedily (`bench/learning.py --temperature 0 --eval-se
     .venv/bin/python bench/rl_variant.py --run /tmp/s19/g18 --out /tmp/s21/r0 --method rest --curriculum mixed \
         --temperature 0 --eval-seeds 1 --seed 0
 
-Final JSON line: `rl_pass`, `baseline` "sft" (the run's), `ratio` rl/sft.
+`--eval-checkpoints` (session 24): every earlier RL checkpoint too (saved every `steps // 3`;
+the lr is constant and the task order the seed's, so step k of a 36-step run is a k-step run),
+each paired with SFT, with its cumulative SFT + RL CPU: success against the RL budget, one run:
+
+    .venv/bin/python bench/rl_variant.py --run /tmp/s19/g18 --out /tmp/s24/b0 --steps 36 --eval-checkpoints \
+        --temperature 0 --eval-seeds 1 --seed 0
+
+Final JSON line: `rl_pass`, `baseline` "sft" (the run's), `ratio` rl/sft; `by_step` with
+`--eval-checkpoints`.
 """
 from __future__ import annotations
 
