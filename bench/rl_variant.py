@@ -32,7 +32,8 @@ that was itself evaluated greedily (`bench/learning.py --temperature 0 --eval-se
         --temperature 0 --eval-seeds 1 --seed 0
 
 `--eval-checkpoints` (session 24): every earlier RL checkpoint too (saved every `steps // 3`;
-the lr is constant and the task order the seed's, so step k of a 36-step run is a k-step run),
+the lr is constant and the task order a function of the seed and step, so step k of a 36-step run
+trains what a k-step run does),
 each paired with SFT, with its cumulative SFT + RL CPU: success against the RL budget, one run:
 
     .venv/bin/python bench/rl_variant.py --run /tmp/s19/g18 --out /tmp/s24/b0 --steps 36 --eval-checkpoints \
@@ -224,15 +225,17 @@ def main(argv=None) -> int:
             iv = paired_difference(x, {t: v for t, v in y.items() if t in x})
             say(f"paired {k}: {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]")
     by_step = {}
+    base_sft = new_sft[1] if new_sft else old["sft"]   # the SFT this RL started from (as per_task_sft.json)
     if a.eval_checkpoints:
-        # the budget curve: each earlier checkpoint of this one run (constant lr, the same task order, so step k
-        # of a longer run is what a k-step run trains), its cumulative CPU from its own meta
+        # the budget curve: each earlier checkpoint of this one run (constant lr; the task order is a pure
+        # function of (ids, seed, step), so step k of a longer run trains what a k-step run does, up to the
+        # sandboxes' timing), its cumulative CPU from its own meta
         for ck in sorted(p for p in (out / "rl").glob("step-*") if p.resolve() != Path(rl.checkpoint).resolve()):
             n = int(ck.name.split("-")[1])
             rows_k = L.run_embedded(ck, val, seeds=tuple(range(a.eval_seeds)), **ev)
             res_k, pt_k = L.summarise(rows_k), L.per_task_rate(rows_k)
             (out / f"per_task_rl-step{n}.json").write_text(json.dumps(pt_k, indent=1, sort_keys=True))
-            iv = paired_difference(pt_k, {t: v for t, v in old["sft"].items() if t in pt_k})
+            iv = paired_difference(pt_k, {t: v for t, v in base_sft.items() if t in pt_k})
             cpu_k = json.loads((ck / "ratchet_checkpoint.json").read_text())["cpu_s"]
             by_step[n] = {"rl_pass": res_k["pass"], "rl_first_try": res_k["first_try"],
                           "rl_minus_sft": [iv.estimate, iv.lo, iv.hi], "train_cpu_min": round((cpu_k + sft_cpu) / 60, 2)}
