@@ -285,21 +285,11 @@ def main(argv=None) -> int:
     for key in STRUCT_SIZE["default"]:
         ap.add_argument("--" + key.replace("_", "-"), type=type(STRUCT_SIZE["default"][key]), default=None)
     a = ap.parse_args(argv)
-    if a.rl_minibatches is None:
-        from ratchet.training.recipe import RecipeSettings as _RS
-        a.rl_minibatches = _RS().rl_minibatches
-    if a.rl_turn_cost is None:
-        from ratchet.training.recipe import RecipeSettings as _RS
-        a.rl_turn_cost = _RS().rl_turn_cost
-    if a.tier_progress is None:
-        from ratchet.training.recipe import RecipeSettings as _RS
-        a.tier_progress = _RS().tier_progress
-    if a.follow is None:
-        from ratchet.training.recipe import RecipeSettings as _RS
-        a.follow = _RS().follow_notes
-    if a.pick is None:
-        from ratchet.training.recipe import RecipeSettings as _RS
-        a.pick = _RS().pick_note
+    from ratchet.training.recipe import RecipeSettings as _RS
+    for flag, field in (("rl_minibatches", "rl_minibatches"), ("rl_turn_cost", "rl_turn_cost"),
+                        ("tier_progress", "tier_progress"), ("follow", "follow_notes"), ("pick", "pick_note")):
+        if getattr(a, flag) is None:         # unset on the command line: the recipe's default
+            setattr(a, flag, getattr(_RS(), field))
     size = dict(STRUCT_SIZE["quick" if a.quick else "default"])
     size.update({k: getattr(a, k) for k in size if getattr(a, k) is not None})
 

@@ -185,21 +185,18 @@ def recipe_view(settings: "RecipeSettings", rows, prior=None) -> dict | None:
     with or without the prior's order."""
     from ratchet.policy.embedded.chat import make_view
 
-    view = None
+    source = ""
     if settings.prior_view:
         if prior is None:
             prior, source = trajectory_prior(rows), "trajectory_prior: accepted train-split trajectories"
         else:
             source = f"fit_prior: {len(prior.task_ids)} train-split tasks"
-        # a prior that counted nothing ranks nothing: the env's order, as a checkpoint without a view
-        view = make_view(prior, source=source) if prior.counts else None
-    extra = {**({"task": "hidden"} if settings.hide_task else {}),
-             **({"actions": "rank"} if settings.rank_actions else {}),
-             **({"progress": "tier"} if settings.rank_actions and settings.tier_progress else {}),
-             **({"pick": "prior"} if settings.rank_actions and settings.pick_note and view else {}),
-             **({"follow": "notes"} if settings.rank_actions and settings.tier_progress and settings.pick_note
-                and settings.follow_notes and view else {})}
-    return {**(view or {}), **extra} if extra else view
+    # a prior that counted nothing ranks nothing: the env's order, as a checkpoint without a view;
+    # which other keys a view holds is make_view's rule alone
+    view = make_view(prior if settings.prior_view and prior.counts else None, source=source,
+                     hide_task=settings.hide_task, rank=settings.rank_actions, progress=settings.tier_progress,
+                     pick=settings.pick_note, follow=settings.follow_notes)
+    return view or None
 
 
 def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings(), *, prior=None):

@@ -136,6 +136,7 @@ def make_view(prior, *, source: str = "", hide_task: bool = False, rank: bool = 
     `pick` (with `rank` and a prior only): the pick note on the clean file after each list and each
     undo (`Ranks.pick`); `follow` (with both notes): rank 0 names what the notes name
     (`Ranks.followed`)."""
+    from ratchet.policy.rank_actions import FOLLOW_NOTES
     from sandboxes.agents.prior import as_prior
 
     view: dict = {}
@@ -146,7 +147,7 @@ def make_view(prior, *, source: str = "", hide_task: bool = False, rank: bool = 
     return {**view, **({"task": "hidden"} if hide_task else {}), **({"actions": "rank"} if rank else {}),
             **({"progress": PROGRESS_TIER} if progress and rank else {}),
             **({"pick": PICK_PRIOR} if pick and rank and view else {}),
-            **({"follow": "notes"} if follow and progress and pick and rank and view else {})}
+            **({"follow": FOLLOW_NOTES} if follow and progress and pick and rank and view else {})}
 
 
 def task_hidden(view: dict | None) -> bool:
