@@ -1,4 +1,4 @@
-"""The `ratchet` console script: demo, ingest, compact, query, ui, bench, holdout."""
+"""The `ratchet` console script: demo, ingest, compact, query, scorecard, ui, mlflow, bench, results, holdout."""
 from __future__ import annotations
 
 import argparse
@@ -156,7 +156,61 @@ def cmd_bench(args) -> int:
         names = sorted(p.stem for p in (REPO / "bench").glob("*.py"))
         print(f"ratchet bench: no benchmark {args.name!r}; available: {', '.join(names)}", file=sys.stderr)
         return 2
-    return subprocess.call([sys.executable, str(path), *args.rest], cwd=REPO)
+    rest = list(args.rest)
+    record = args.record or "--record" in rest  # `ratchet bench NAME --record ...` reads naturally too
+    rest = [a for a in rest if a != "--record"]
+    if not record:
+        return subprocess.call([sys.executable, str(path), *rest], cwd=REPO)
+    return _bench_recorded(args.name, path, rest, Path(args.results_dir) if args.results_dir else None)
+
+
+def _bench_recorded(name: str, path: Path, rest: list[str], results_dir: Path | None) -> int:
+    """Run the bench with its output shown as it comes, keep its final JSON line and append it,
+    with where and when it ran, to the results folder; then re-render the results page."""
+    import time
+    from datetime import datetime, timezone
+
+    from ratchet import results
+
+    results_dir = results_dir or results.RESULTS_DIR
+    started, load0, t0 = datetime.now(timezone.utc), os.getloadavg(), time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-u", str(path), *rest], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    out = []
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        out.append(line)
+    rc = proc.wait()
+    if rc != 0:
+        print(f"ratchet bench: {name} exited with {rc}; nothing recorded", file=sys.stderr)
+        return rc
+    result = results.last_json_line("".join(out))
+    if result is None:
+        print(f"ratchet bench: {name} printed no final JSON line; nothing recorded", file=sys.stderr)
+        return 1
+    rec = results.make_record(name, rest, result, started, time.monotonic() - t0, load0, os.getloadavg())
+    where = results.append_record(rec, results_dir)
+    page = results.write_page(results_dir)
+    print(f"recorded in {where}; results page {page}", file=sys.stderr)
+    return 0
+
+
+def cmd_results(args) -> int:
+    from ratchet import results
+
+    results_dir = Path(args.results_dir) if args.results_dir else results.RESULTS_DIR
+    try:
+        if args.check:
+            bad = results.stale(results_dir)
+            for path in bad:
+                print(f"ratchet results: {path} is not what the recorded lines render; run `ratchet results`",
+                      file=sys.stderr)
+            return 1 if bad else 0
+        print(results.write_page(results_dir))
+    except ValueError as e:
+        print(f"ratchet results: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _holdout_path(args, home) -> Path:
@@ -265,10 +319,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.set_defaults(fn=cmd_mlflow)
 
-    s = sub.add_parser("bench", help="run bench/NAME.py")
+    s = sub.add_parser("bench", help="run bench/NAME.py (the arguments after NAME go to the bench)")
+    s.add_argument("--record", action="store_true", help="append the final JSON line, with commit, date, machine "
+                   "and load, to docs/results/NAME.jsonl and re-render the results page")
+    s.add_argument("--results-dir", help="where recorded lines go (default docs/results)")
     s.add_argument("name")
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("results", help="render docs/results/README.md from the recorded bench lines")
+    s.add_argument("--check", action="store_true", help="exit 1 if the page differs from what the lines render")
+    s.add_argument("--results-dir", help="the folder of recorded lines (default docs/results)")
+    s.set_defaults(fn=cmd_results)
 
     s = sub.add_parser("holdout", help="show or unlock the locked holdout manifest")
     hs = s.add_subparsers(dest="holdout_cmd", required=True)

@@ -1,0 +1,91 @@
+"""Recorded bench results: a bench's final JSON line is kept with where and when it ran, and the
+results page is a pure function of the recorded lines."""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+from pipelines.cli import _bench_recorded, main
+from ratchet import results
+
+FAKE_BENCH = """
+import json, sys
+print("a table a reader looks at")
+print(json.dumps({"bench": "sandbox", "test_run_p50_ms": float(sys.argv[1]), "baseline": "cold pytest",
+                  "ratio": 9.5}))
+"""
+
+
+def _record(tmp_path, p50, when):
+    res = {"bench": "sandbox", "test_run_p50_ms": p50, "baseline": "cold pytest", "ratio": 10.0}
+    rec = results.make_record("sandbox", ["--tasks", "3"], res, when, 1.5, (0.5, 0, 0), (0.7, 0, 0))
+    results.append_record(rec, tmp_path)
+    return rec
+
+
+def test_record_keeps_commit_machine_load_and_the_bench_line(tmp_path):
+    rec = _record(tmp_path, 21.0, datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc))
+    line = json.loads((tmp_path / "sandbox.jsonl").read_text())
+    assert line == rec
+    assert line["recorded_at"] == "2026-01-02T03:04:05Z"
+    assert line["machine"]["cores"] >= 1 and line["loadavg_1m"] == [0.5, 0.7]
+    assert len(line["commit"]) == 12 and isinstance(line["dirty"], bool)
+    assert line["result"]["test_run_p50_ms"] == 21.0
+
+
+def test_page_is_a_pure_function_of_the_lines(tmp_path):
+    for i, p50 in enumerate([30.0, 24.0, 22.0]):
+        _record(tmp_path, p50, datetime(2026, 1, 1 + i, tzinfo=timezone.utc))
+    first = results.write_page(tmp_path).read_bytes()
+    png = (tmp_path / "sandbox.png").read_bytes()
+    second = results.write_page(tmp_path).read_bytes()
+    assert first == second and (tmp_path / "sandbox.png").read_bytes() == png
+    page = first.decode()
+    # latest value, its target verdict, the history newest first, the plot
+    assert "| [sandbox](#sandbox) | 2026-01-03 | 22 ms per warm test run (p50) | cold pytest | 10 |" in page
+    assert "warm test run p50 <= 25 ms: met" in page
+    hist = page[page.index("History"):]
+    assert hist.index("| 22 |") < hist.index("| 24 |") < hist.index("| 30 |")
+    assert "![sandbox history](sandbox.png)" in page
+    assert "Not recorded yet:" in page and "`learning`" in page
+
+
+def test_target_not_met_and_missing_figure_are_said(tmp_path):
+    _record(tmp_path, 40.0, datetime(2026, 1, 1, tzinfo=timezone.utc))
+    assert "warm test run p50 <= 25 ms: not met" in results.render(tmp_path, plots=False)
+    t = results.Target("paired.rl_minus_sft.0", ">=", 0.05, "x")
+    assert t.met({"paired": {"rl_minus_sft": [0.06, -0.01, 0.1]}}) is True
+    assert t.met({"paired": {"rl_minus_sft": [0.01, -0.01, 0.1]}}) is False
+    assert t.met({}) is None
+
+
+def test_check_fails_until_the_page_is_rendered(tmp_path, capsys):
+    _record(tmp_path, 22.0, datetime(2026, 1, 1, tzinfo=timezone.utc))
+    assert main(["results", "--check", "--results-dir", str(tmp_path)]) == 1
+    assert main(["results", "--results-dir", str(tmp_path)]) == 0
+    assert main(["results", "--check", "--results-dir", str(tmp_path)]) == 0
+    (tmp_path / "sandbox.jsonl").write_text("{not json\n")
+    assert main(["results", "--results-dir", str(tmp_path)]) == 2
+    assert "not a JSON line" in capsys.readouterr().err
+
+
+def test_bench_record_runs_the_bench_and_keeps_its_final_line(tmp_path, capsys):
+    bench = tmp_path / "fake.py"
+    bench.write_text(FAKE_BENCH)
+    out = tmp_path / "results"
+    assert _bench_recorded("sandbox", bench, ["23.5"], out) == 0
+    assert "a table a reader looks at" in capsys.readouterr().out  # the bench's own output is shown
+    (line,) = (out / "sandbox.jsonl").read_text().splitlines()
+    rec = json.loads(line)
+    assert rec["argv"] == ["23.5"] and rec["result"]["test_run_p50_ms"] == 23.5
+    assert "23.5 ms per warm test run" in (out / "README.md").read_text()
+
+
+def test_bench_record_keeps_nothing_when_the_bench_fails(tmp_path):
+    bench = tmp_path / "broken.py"
+    bench.write_text("import sys; print('{\"ratio\": 1}'); sys.exit(3)\n")
+    assert _bench_recorded("sandbox", bench, [], tmp_path / "r") == 3
+    assert not (tmp_path / "r").exists()
+    bench.write_text("print('no json here')\n")
+    assert _bench_recorded("sandbox", bench, [], tmp_path / "r") == 1
+    assert not (tmp_path / "r" / "sandbox.jsonl").exists()
