@@ -63,7 +63,7 @@ def main(argv=None) -> dict:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
-        # not multiprocessing.Pool: it waits forever when a worker dies (PITFALLS; seen 2026-11-30)
+        # not multiprocessing.Pool: its map waits forever for a job whose worker died
         with ProcessPoolExecutor(a.workers, mp_context=mp.get_context("fork"), initializer=_init) as p:
             results = list(p.map(_job, jobs))
     else:

@@ -13,11 +13,11 @@ demonstrator passes and the checkpoint fails, both episodes' proposals and attem
 teacher-forced: every turn of the demonstrator's passing episodes, its prefix given to the
 checkpoint, per kind of decision (`attempt`: where the demonstrator stops listing lines and
 applies a candidate; `list`: which line it lists next), how often the checkpoint's call is the
-same tool and the same call (docs/training.md, session 22).
+same tool and the same call (measured by this bench; see docs/experiments/).
 
-    .venv/bin/python bench/imitation.py --run /tmp/s19/g18                 # run 18's sample, its SFT
-    .venv/bin/python bench/imitation.py --run /tmp/s19/g18 --checkpoint /tmp/s21/h0/rl
-    .venv/bin/python bench/imitation.py --run /tmp/s19/g18 --tasks train   # its demonstration tasks
+    .venv/bin/python bench/imitation.py --run /tmp/ratchet-learning        # that run's sample, its SFT
+    .venv/bin/python bench/imitation.py --run /tmp/ratchet-learning --checkpoint /tmp/exp/A/rl
+    .venv/bin/python bench/imitation.py --run /tmp/ratchet-learning --tasks train   # its demonstration tasks
 
 Final line: one JSON object; ratio = policy_pass / demonstrator_pass, baseline = the demonstrator.
 """

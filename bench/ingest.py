@@ -5,7 +5,7 @@ Baselines (named): `pandas.read_json(lines=True)` + row-by-row INSERTs into Duck
 a subsample (it is slow); and DuckDB's own `read_json` into a table (no validation, no dedup, all
 cores) on the whole file: what a user would try first.
 
-Also measured (issue 9): peak RSS of an ingest of a file holding one 300 MB line (the record
+Also measured: peak RSS of an ingest of a file holding one 300 MB line (the record
 limit is 32 MiB; target <= 2x the limit above the process's own footprint), and the query and
 one-file ingest time after M one-record files were ingested in B batches (auto-compaction on),
 against a fresh warehouse holding the same rows from one file (target: within 2x).

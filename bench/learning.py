@@ -9,18 +9,19 @@ groups can hold passes), both through `ratchet.training.recipe.train_candidate`;
 validation tasks with the same turn budget (and k attempts for the harnesses) for everyone:
 untrained base_policy, harness:random, harness:sbfl, harness:prior, SFT, RL.
 
-The view (default since run 6; `--no-prior-view`: the environment's order): every embedded policy
+The view (the default; `--no-prior-view`: the environment's order): every embedded policy
 here, the untrained one included, sees each `propose_edits` list in the order of that same
 train-fit prior (`ratchet.policy.embedded.chat.make_view`, saved with each checkpoint); the JSON's
 `view` says which order ran and whether the SFT and RL checkpoints carry it; `--hide-task`: the
-view also names no task (`RecipeSettings.hide_task`, docs/training.md after run 9).
+view also names no task (`RecipeSettings.hide_task`, an experiment measured by this bench; see
+docs/experiments/).
 
 Task success = the tests pass at submit (or at the turn limit); first-try fix = success with one
 candidate edit applied. 95% CIs: percentile bootstrap over tasks (ratchet.evaluation.stats).
 
     .venv/bin/python bench/learning.py            # default (the run docs/training.md reports)
     .venv/bin/python bench/learning.py --quick    # minutes: the plumbing, not the numbers
-    .venv/bin/python bench/learning.py --problems 40 --rl-seeds 1   # runs 1-11's size: 20 train / 20
+    .venv/bin/python bench/learning.py --problems 40 --rl-seeds 1   # the small size: 20 train / 20
                                                                     # validation problems, one GRPO seed
 
 RL is trained `--rl-seeds` times (default 3) from the one SFT checkpoint under recipe seeds 0..N-1
@@ -28,12 +29,12 @@ RL is trained `--rl-seeds` times (default 3) from the one SFT checkpoint under r
 the paired RL differences pool them (per task, the mean over RL seeds), each seed is reported too,
 and `train_cpu_min` is SFT + the costliest seed's RL (what one candidate costs, at most).
 
-`--tier-progress` (session 22, off by default): the view's note "next to list: k." / "tier t
+`--tier-progress` (off by default): the view's note "next to list: k." / "tier t
 listed." (RecipeSettings.tier_progress); `bench/imitation.py --run DIR` then shows how the run's
 SFT follows its demonstrator, decision by decision.
-`--pick` / `--follow` (session 23, off by default): the pick note "best untried: line k, index i."
+`--pick` / `--follow` (off by default): the pick note "best untried: line k, index i."
 (RecipeSettings.pick_note) and rank 0 naming what the notes name (RecipeSettings.follow_notes, with
---tier-progress --pick); docs/training.md session 23 has what they measured.
+--tier-progress --pick); what they do was measured by this bench; see docs/experiments/.
 
 Final line: one JSON object; ratio = rl_pass / sft_pass, baseline = the SFT checkpoint.
 """
@@ -49,14 +50,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 STRUCT_SIZE = {"quick": dict(problems=16, train_tasks=40, val_tasks=10, sft_epochs=3.0, rl_steps=2,
                              rl_tasks_per_step=2, rl_group_size=4, rl_seeds=1),
-               # run 7 (docs/training.md): 12 GRPO steps x 4 tasks x 8, the best of runs 4-7 (12.1 CPU-min).
-               # problems=0 (all 164) since run 18: the same 124 train / 60 validation tasks drawn from 82 + 82
-               # problems instead of 20 + 20 (60 validation tasks of 20 problems are ~3 mutants of each: the
-               # CIs treat them as independent; the prior harness is fit on 588 train tasks, not 131); runs
-               # 12-16 used it, runs 1-11 and 17 had 40 (--problems 40).
-               # rl_seeds=3 since run 18: GRPO from the one SFT checkpoint under recipe seeds 0..N-1, each
-               # evaluated; RL is reported pooled (per task, the mean over seeds) because one seed's RL - SFT
-               # moved by ~10 points with the seed alone (runs H-H3, 16: docs/training.md)
+               # 12 GRPO steps x 4 tasks x 8: the best of the GRPO sizes measured with this bench (~12
+               # CPU-min; see docs/experiments/).
+               # problems=0 (all 164): 124 train / 60 validation tasks drawn from 82 + 82 problems instead
+               # of 20 + 20 (60 validation tasks of 20 problems are ~3 mutants of each: the CIs treat them
+               # as independent; the prior harness is fit on 588 train tasks, not 131); --problems 40 is
+               # the smaller split.
+               # rl_seeds=3: GRPO from the one SFT checkpoint under recipe seeds 0..N-1, each evaluated; RL
+               # is reported pooled (per task, the mean over seeds) because one seed's RL - SFT moved by
+               # ~10 points with the seed alone (measured with this bench; see docs/experiments/)
                "default": dict(problems=0, train_tasks=124, val_tasks=60, sft_epochs=3.0, rl_steps=12,
                                rl_tasks_per_step=4, rl_group_size=8, rl_seeds=3)}
 
@@ -87,7 +89,8 @@ def split_tasks(tasks, *, val_tasks: int, train_tasks: int, split_seed: int = 0)
 
 
 def data_file(out: Path, n_train: int, k: int, max_turns: int, split_seed: int = 0) -> Path:
-    """Where a run's demonstrations are cached (split seed 0: the name every run before run 19 wrote)."""
+    """Where a run's demonstrations are cached (split seed 0 has no seed suffix, so caches
+    written before `--split-seed` existed are still found)."""
     return out / f"data-v2-{n_train}-{k}-{max_turns}{'-s%d' % split_seed if split_seed else ''}.json"
 
 
@@ -118,7 +121,7 @@ def fresh_solved(out: Path, train, train_used, *, prior, k: int, max_turns: int,
 
 def greedy_failures(out: Path, sft_path: Path, pool, *, max_turns: int, max_tokens: int, runtime,
                     reuse: bool = True) -> list:
-    """The tasks of `pool` on which the SFT policy's greedy episode fails (session 20's "hard"
+    """The tasks of `pool` on which the SFT policy's greedy episode fails (the "hard"
     curriculum: groups that can pay a rollout beating SFT's first choice, the one greedy decoding
     takes); the ids are cached in `out/hard-<n>.json`, keyed by that checkpoint's record (another
     SFT in the same folder finds its own)."""
@@ -230,7 +233,7 @@ def main(argv=None) -> int:
     ap.add_argument("--split-seed", type=int, default=0,
                     help="which tasks are sampled: the validation tasks (Random(seed)) and the train tasks whose "
                          "demonstrations SFT uses (Random(seed + 1)); the split BY PROBLEM does not change. "
-                         "0: every run before run 19; another seed is another data set for the same claim")
+                         "0: the default sample; another seed is another data set for the same claim")
     ap.add_argument("--k", type=int, default=4, help="attempt budget of the harnesses")
     ap.add_argument("--max-turns", type=int, default=14)
     ap.add_argument("--eval-seeds", type=int, default=3,
@@ -249,39 +252,39 @@ def main(argv=None) -> int:
                          "train task used, or 'fresh': train tasks SFT never saw that the demonstrator solves "
                          "(--fresh-tasks of them are tried; needs more train tasks than --train-tasks, e.g. "
                          "--problems 0), or 'mixed': solved and fresh together, or 'hard': the mixed tasks on "
-                         "which the SFT policy's greedy episode fails (session 20; greedy_failures)")
+                         "which the SFT policy's greedy episode fails (greedy_failures)")
     ap.add_argument("--fresh-tasks", type=int, default=124,
                     help="with --rl-curriculum fresh, mixed or hard: how many unused train tasks the demonstrator tries")
     ap.add_argument("--rl-turn-cost", type=float, default=None,
                     help="GRPO's reward for a pass x (1 - c * turns / max_turns): the shorter pass is preferred "
-                         "(default RecipeSettings.rl_turn_cost, 0.3 since run 16; 0: runs 1-15; a fail keeps 0)")
+                         "(default RecipeSettings.rl_turn_cost, 0.3; 0: no turn cost; a fail keeps 0)")
     ap.add_argument("--sft-lr", type=float, default=3e-3)
     ap.add_argument("--no-prior-view", action="store_true",
-                    help="show candidate lists in the environment's order (runs 1-5) instead of the train-fit "
+                    help="show candidate lists in the environment's order instead of the train-fit "
                          "prior's order (the view's prior feature, chat.make_view)")
     ap.add_argument("--hide-task", action="store_true",
                     help="the view names no task (RecipeSettings.hide_task): the policy reads 'Make the failing "
                          "tests pass.' instead of the issue, and no quoted code on localize/apply_edit rows")
     ap.add_argument("--tier-progress", action=argparse.BooleanOptionalAction, default=None,
                     help="the view's tier-progress note (RecipeSettings.tier_progress, Ranks.progress: 'next to "
-                         "list: k.' / 'tier t listed.' after localize and each list; session 22); default: the recipe's")
+                         "list: k.' / 'tier t listed.' after localize and each list); default: the recipe's")
     ap.add_argument("--pick", action=argparse.BooleanOptionalAction, default=None,
                     help="the view's pick note (RecipeSettings.pick_note, Ranks.pick: 'best untried: line k, index i.' "
-                         "on the clean file after each list and undo; session 23); default: the recipe's")
+                         "on the clean file after each list and undo); default: the recipe's")
     ap.add_argument("--follow", action=argparse.BooleanOptionalAction, default=None,
                     help="rank 0 names what the notes name (RecipeSettings.follow_notes, Ranks.followed; with "
-                         "--tier-progress --pick; session 23); default: the recipe's")
+                         "--tier-progress --pick); default: the recipe's")
     ap.add_argument("--rank-actions", action=argparse.BooleanOptionalAction, default=True,
                     help="calls name the k-th listed line / candidate row instead of the environment's numbers "
-                         "(RecipeSettings.rank_actions, ratchet.policy.rank_actions; on since run 13, "
-                         "--no-rank-actions: runs 1-12)")
+                         "(RecipeSettings.rank_actions, ratchet.policy.rank_actions; on by default, "
+                         "--no-rank-actions: the environment's numbers)")
     ap.add_argument("--unmasked-logprobs", action="store_true",
-                    help="GRPO on the unmasked distribution (the first measured run) instead of the grammar-masked one")
+                    help="GRPO on the unmasked distribution instead of the grammar-masked one")
     ap.add_argument("--test-cache", action=argparse.BooleanOptionalAction, default=True,
                     help="reuse sandbox test results an exact repeat of a run gives (sandboxes.result_cache; "
                          "a file in --out that starts empty): a GRPO group's pristine localize and identical "
-                         "verifications run once (the same rewards, ~13%% less CPU a GRPO step). On by default "
-                         "since run 10; runs 1-9 made every run (--no-test-cache)")
+                         "verifications run once (the same rewards, ~13%% less CPU a GRPO step). On by default; "
+                         "--no-test-cache runs every one")
     for key in STRUCT_SIZE["default"]:
         ap.add_argument("--" + key.replace("_", "-"), type=type(STRUCT_SIZE["default"][key]), default=None)
     a = ap.parse_args(argv)

@@ -1,9 +1,9 @@
 """GRPO variants from a learning run's SFT checkpoint, paired with that run's own SFT evaluation.
 
-    .venv/bin/python bench/rl_variant.py --run /tmp/h11/v9 --out /tmp/exp/A --curriculum train
-    .venv/bin/python bench/rl_variant.py --run /tmp/h11/v9 --out /tmp/exp/B --updates-per-step 2 --steps 12
-    .venv/bin/python bench/rl_variant.py --run /tmp/h11/v9 --out /tmp/exp/T --curriculum-eval-only \
-        --checkpoint /tmp/h11/v9/candidate/rl/step-00014 --checkpoint /tmp/exp/B/rl/step-00012
+    .venv/bin/python bench/rl_variant.py --run /tmp/ratchet-learning --out /tmp/exp/A --curriculum train
+    .venv/bin/python bench/rl_variant.py --run /tmp/ratchet-learning --out /tmp/exp/B --updates-per-step 2 --steps 12
+    .venv/bin/python bench/rl_variant.py --run /tmp/ratchet-learning --out /tmp/exp/T --curriculum-eval-only \
+        --checkpoint /tmp/ratchet-learning/candidate/rl/step-00012 --checkpoint /tmp/exp/B/rl/step-00012
 
 `--run` is a `bench/learning.py` output folder (its demonstrations, its SFT checkpoint and its
 `per_task.json`). One GRPO run from that SFT checkpoint (the recipe's settings but for the flags
@@ -12,31 +12,31 @@ seeds as bench/learning.py), paired over tasks with the run's SFT, RL and harnes
 RL change does, for ~25 minutes instead of a whole learning run's ~45 (the other policies are not
 evaluated again). `--curriculum-eval-only`: no training; the run's SFT and the given checkpoints
 on the RL curriculum itself (the train tasks the demonstrator solved), 2 fresh seeds, paired with
-SFT: whether GRPO improved the tasks it trained on (docs/training.md, after run 9). `--pool DIR
+SFT: whether GRPO improved the tasks it trained on. `--pool DIR
 ...`: no training; several outputs (one recipe seed each: the SFT each RL started from and its RL
 rates) pooled: per task, the mean over seeds of RL and of SFT, then RL - SFT paired over tasks
 (the recipe's seed-to-seed spread averaged in instead of picking one seed).
 
     .venv/bin/python bench/rl_variant.py --pool /tmp/exp/H /tmp/exp/H2 /tmp/exp/H3
 
-Greedy decoding (what the holdout evaluation does; session 20's hard curriculum), paired with a run
+Greedy decoding (what the holdout evaluation does; the hard curriculum), paired with a run
 that was itself evaluated greedily (`bench/learning.py --temperature 0 --eval-seeds 1`):
 
-    .venv/bin/python bench/rl_variant.py --run /tmp/s19/g18 --out /tmp/s20/h0 --curriculum hard \
+    .venv/bin/python bench/rl_variant.py --run /tmp/greedy --out /tmp/exp/G --curriculum hard \
         --temperature 0 --eval-seeds 1 --seed 0
 
-`--method rest` (session 21): the RL stage as one round of reward-filtered self-training
+`--method rest`: the RL stage as one round of reward-filtered self-training
 (`ratchet.training.rest`) instead of GRPO, the same pairing:
 
-    .venv/bin/python bench/rl_variant.py --run /tmp/s19/g18 --out /tmp/s21/r0 --method rest --curriculum mixed \
+    .venv/bin/python bench/rl_variant.py --run /tmp/greedy --out /tmp/exp/R --method rest --curriculum mixed \
         --temperature 0 --eval-seeds 1 --seed 0
 
-`--eval-checkpoints` (session 24): every earlier RL checkpoint too (saved every `steps // 3`;
+`--eval-checkpoints`: every earlier RL checkpoint too (saved every `steps // 3`;
 the lr is constant and the task order a function of the seed and step, so step k of a 36-step run
 trains what a k-step run does),
 each paired with SFT, with its cumulative SFT + RL CPU: success against the RL budget, one run:
 
-    .venv/bin/python bench/rl_variant.py --run /tmp/s19/g18 --out /tmp/s24/b0 --steps 36 --eval-checkpoints \
+    .venv/bin/python bench/rl_variant.py --run /tmp/greedy --out /tmp/exp/S --steps 36 --eval-checkpoints \
         --temperature 0 --eval-seeds 1 --seed 0
 
 Final JSON line: `rl_pass`, `baseline` "sft" (the run's), `ratio` rl/sft; `by_step` with
@@ -64,8 +64,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pool", nargs="+", default=None, metavar="DIR",
                     help="pool the per-task SFT and RL rates of these outputs (no training)")
     ap.add_argument("--problems", type=int, default=0,
-                    help="the --problems of the learning run in --run (0: all 164, bench/learning.py's default "
-                         "since run 18; 40: runs 1-11 and 17)")
+                    help="the --problems of the learning run in --run (0: all 164, bench/learning.py's default; "
+                         "40: the smaller split)")
     ap.add_argument("--split-seed", type=int, default=0, help="the --split-seed of the learning run in --run")
     ap.add_argument("--curriculum", choices=("solved", "train", "fresh", "mixed", "hard"), default="solved",
                     help="fresh: the train tasks SFT never saw that the demonstrator solves (the run's "
@@ -73,12 +73,12 @@ def main(argv=None) -> int:
                          "mixed: solved and fresh together; hard: the mixed tasks on which the run's SFT policy's "
                          "greedy episode fails (learning.greedy_failures, cached in the run as hard-<n>.json)")
     ap.add_argument("--turn-cost", type=float, default=None,
-                    help="RecipeSettings.rl_turn_cost (default: the recipe's, 0.3 since session 16; 0 = none)")
+                    help="RecipeSettings.rl_turn_cost (default: the recipe's, 0.3; 0 = none)")
     ap.add_argument("--updates-per-step", type=int, default=1)
     ap.add_argument("--minibatches", type=int, default=None,
                     help="optimizer steps per pass over a step's rollouts (RecipeSettings.rl_minibatches; default the recipe's)")
     ap.add_argument("--steps", type=int, default=None,
-                    help="GRPO steps (default: the recipe's, 12, as bench/learning.py; runs 9-10 and H-H3 used 14)")
+                    help="GRPO steps (default: the recipe's, 12, as bench/learning.py)")
     ap.add_argument("--tasks-per-step", type=int, default=None, help="GRPO tasks per step (default: the recipe's)")
     ap.add_argument("--group-size", type=int, default=None, help="GRPO rollouts per task (default: the recipe's)")
     ap.add_argument("--lr", type=float, default=1e-3)

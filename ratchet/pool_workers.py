@@ -3,8 +3,8 @@ started them dies, and `terminate_pool` stops them mid-job.
 
 The evaluation's and the GRPO rollouts' spawn pools run jobs of minutes (a chunk of episodes). If
 the parent is killed (SIGKILL, an OOM kill, a Dagster run worker torn down), a worker finished its
-job before it noticed, and went on stepping sandboxes meanwhile (seen with `ratchet demo --full`,
-2026-12-01). PR_SET_PDEATHSIG is no fix here: it fires when the *thread* that forked the worker
+job before it noticed, and went on stepping sandboxes meanwhile (seen with `ratchet demo --full`).
+PR_SET_PDEATHSIG is no fix here: it fires when the *thread* that forked the worker
 ends, and the executors start workers from whichever thread submits first. A daemon thread that
 polls the parent pid is cheap (one getppid a second) and exact: when it changes, the parent is gone,
 and the worker exits at once (its sandboxes go with it: bwrap's --die-with-parent, and the

@@ -276,6 +276,8 @@ def render(results_dir: Path = RESULTS_DIR, plots: bool = True) -> str:
     missing = [b for b in SPECS if b not in records]
     if missing:
         lines += ["", "Not recorded yet: " + ", ".join(f"`{b}`" for b in missing) + "."]
+    if (results_dir / "scorecard.md").exists():
+        lines += ["", "The reference workload's scorecard (`ratchet demo --full`): [scorecard.md](scorecard.md)."]
     for b in list(SPECS) + sorted(b for b in records if b not in SPECS):
         if b not in records:  # a heading all the same, so links to it hold before the first record
             lines += ["", f"## {b}", "", f"What it measures: {SPECS[b].what}. Not recorded yet: "

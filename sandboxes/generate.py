@@ -164,7 +164,7 @@ def run_jobs(jobs: list[Job], bundles: dict, workers: int, root=None) -> dict:
     from concurrent.futures.process import BrokenProcessPool
 
     # spawn: a forked pool inherits the caller's threads' locks and signal handlers (pytest, Dagster).
-    # ProcessPoolExecutor, not multiprocessing.Pool: a full test run hung (2026-11-30) with this
+    # ProcessPoolExecutor, not multiprocessing.Pool: a full test run hung with this
     # pool's workers blocked on its task queue's lock after one of them died holding it; the
     # executor raises BrokenProcessPool instead, and the jobs without a result run here.
     out: dict = {}

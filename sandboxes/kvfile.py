@@ -10,7 +10,7 @@ locked", which before this voided a 24-episode evaluation chunk.)
 One connection per store, used under a lock: episodes step in threads, and two threads on one
 connection at once get SQLITE_LOCKED at once (not a busy wait), and a thread that closed it after
 an error while another was inside `execute` crashed the process (a segfault in sqlite3, seen in a
-400 x 3 evaluation, 2026-12-01: the pool's worker died and its chunks ran in the parent).
+400 x 3 evaluation: the pool's worker died and its chunks ran in the parent).
 """
 from __future__ import annotations
 

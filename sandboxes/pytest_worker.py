@@ -18,7 +18,7 @@ via sys.settrace; the child sends them back over a pipe. The worker answers one 
 
 A run that exceeds its timeout has its process group killed (every requested test: error). With
 `test_cpu_s` each test also has its own CPU limit (`_PerTestLimit`): the test that uses more
-fails with TestTimeout, the session stops there and the tests not run are errors, so a loop
+fails with TestTimeout, the pytest session stops there and the tests not run are errors, so a loop
 costs one test's limit instead of the whole run's wall clock; after every run the worker also
 kills any other process left in the namespace (daemons a test spawned). User code is imported
 only in the forked child, so every run sees the current files.
@@ -27,8 +27,9 @@ What the worker does once so that each child starts hot (the per-run cost is wha
 pytest itself: reading ini files and conftests, collecting, rewriting asserts, running):
 * builds the next run's `Config` (plugin manager, builtin plugins registered, options
   declared: nothing that depends on the repo), which the child's `pytest.main` picks up;
-* caches pytest's per-session fixture scan of its own plugins (`_install_fixture_scan_cache`);
-* runs one small session (pass, fail, skip, parametrize) to warm import, regex and inspect
+* caches the fixture scan each pytest session makes of pytest's own plugins
+  (`_install_fixture_scan_cache`);
+* runs one small pytest session (pass, fail, skip, parametrize) to warm import, regex and inspect
   caches, then removes its module again and `gc.freeze()`s the heap.
 
 As root with bwrap the host usually does not start this file inside the sandbox: a zygote
@@ -138,7 +139,7 @@ class _PerTestLimit:
     CPU seconds of the run's process (ITIMER_PROF: user + system, so the limit does not move
     with the machine's load the way a wall clock does); past it SIGPROF raises TestTimeout inside
     the test, which pytest reports as that test's failure (error in setup). The first timeout
-    stops the session: tests not run are reported as errors, and a test that caught the signal
+    stops the pytest session: tests not run are reported as errors, and a test that caught the signal
     and passed anyway counts as failed. Armed only while a test phase runs,
     never in pytest's own code. The signal repeats every REPEAT_S CPU seconds until disarmed, so
     code that swallows it once is hit again; code that sleeps, blocks signals (a long C call) or
@@ -319,7 +320,7 @@ def _child(root: str, req: dict) -> dict:
     code = pytest.main(args, plugins=plugins)
     outcomes = dict(col.outcomes)
     if limit is not None and limit.timed_out:
-        for nid in limit.items:          # not run: the session stopped at the first timeout
+        for nid in limit.items:          # not run: the pytest session stopped at the first timeout
             outcomes.setdefault(nid, "error")
         col.outcomes = outcomes
     for tid in ids or ():
@@ -507,7 +508,7 @@ def file_states(tops, skip: str = "") -> list:
     paths, so a venv under /tmp or $HOME (a clone in /tmp, ~/.venv) appears inside the
     sandbox's /tmp or $HOME. Walking a venv's ~60,000 files twice per test run made a 20-task
     harness evaluation with the test cache on take 48 s from a clone in /tmp (9 s once skipped;
-    measured 2026-12-01; the test: test_result_cache.py, read-only mounts)."""
+    the test: test_result_cache.py, read-only mounts)."""
     out, todo, writable = [], list(tops), None
     while todo:
         top = todo.pop()
@@ -566,7 +567,7 @@ def _writable_mounts() -> list:
 def _install_fixture_scan_cache() -> None:
     """Make `FixtureManager.parsefactories` cheap for pytest's own plugins.
 
-    Every session scans each registered plugin with dir() for fixtures (~40 objects, ~8 ms).
+    Every pytest session scans each registered plugin with dir() for fixtures (~40 objects, ~8 ms).
     For pytest's builtin plugin modules the scan runs over a stand-in module holding only the
     entries the scan acts on (fixtures and wrapped fixtures: same names, same objects, same
     order); plugin instances of pytest's own classes (and our collector) whose class defines
@@ -649,12 +650,12 @@ def test_param(v):
 
 
 def _warm_up() -> None:
-    """Import pytest's plugins, prepare the next run's config and run one small session
+    """Import pytest's plugins, prepare the next run's config and run one small pytest session
     (pass, fail, skip, parametrize), so forked runs start hot.
 
-    The session's test module is imported under a name no task can use and is removed again;
+    The warm-up's test module is imported under a name no task can use and is removed again;
     sys.path / sys.meta_path are restored. Then freeze the heap: pytest calls gc.collect()
-    per session, which would otherwise walk every pre-imported object in every child.
+    per pytest session, which would otherwise walk every pre-imported object in every child.
     """
     import gc
     import importlib

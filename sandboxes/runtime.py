@@ -304,7 +304,7 @@ class Episode:
                   timeout: float | None = None, warm: bool = True) -> TestReport:
         """Run pytest node ids (all tests when None) in the warm per-episode worker.
         `warm=False`: this episode runs its tests once (pristine verification), so a worker
-        started for it skips the warm-up session that only pays off from the second run on.
+        started for it skips the warm-up pytest session that only pays off from the second run on.
 
         A worker that dies, hangs or cannot start is restarted for the next call; whose fault
         it was is decided by the runtime's health probe (see the module docstring)."""

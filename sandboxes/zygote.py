@@ -13,8 +13,9 @@ code: the state a fresh worker reaches). A worker is then made in three steps:
    the worker's stdin/stdout/stderr, to the zygote over a unix socket (SCM_RIGHTS);
 3. the zygote forks; the child joins those namespaces (setns), chroots to the sandbox root and
    forks the worker into the sandbox's pid namespace; the worker closes every other descriptor,
-   starts a session, sets the rlimits, drops to the episode uid (no groups, no capabilities,
-   no_new_privs), takes the clean environment and serves as a worker started by bwrap would.
+   starts its own session (setsid), sets the rlimits, drops to the episode uid (no groups, no
+   capabilities, no_new_privs), takes the clean environment and serves as a worker started by
+   bwrap would.
 
 `tests/sandboxes/test_zygote.py` checks that a test sees the same thing both ways (uid, groups,
 capabilities, limits, root directory, hostname, network, processes, descriptors, environment).

@@ -93,7 +93,7 @@ def _comm(tid: str) -> str:
 def _sigterm_watch(request):
     """Report the test after which the pytest process ignores SIGTERM, or one of its threads
     blocks it: every process started after that inherits it (through fork and exec), which made
-    pool workers ignore SIGTERM in the full suite only (session 12). Reported, not failed, until
+    pool workers ignore SIGTERM in the full suite only. Reported, not failed, until
     the test that does it is found: RATCHET_SIGTERM_LOG=FILE appends one line per change."""
     before = _sigterm_state()
     yield

@@ -242,11 +242,18 @@ def test_sizes():
     assert not big, f"docs pages over 40 KB (split them or move history to docs/experiments): {big}"
 
 
-# Technical senses of the word: pytest's fixture scope and hooks, process sessions, the ATIF field.
-_TECHNICAL = re.compile(r"session_?id|sessionid|scope=.session.|session-scoped|session scope|pytest session|"
-                        r"sessionstart|sessionfinish|start_new_session|new_session|setsid|session leader|"
-                        r"process session|own session|its session|a session of its own|\"session\"|'session'|"
-                        r"sessions? \(setsid|session_|_session|session\.", re.I)
+# Technical senses of the word: pytest's sessions, fixture scope and hook arguments, process sessions
+# (setsid, bwrap's --new-session), the ATIF `session_id` field and sample names, and in code the
+# reference agents' `Session` class.
+_TECHNICAL = re.compile(r"session_?id|scope=.session.|session-scoped|pytest session|warm-up pytest session|"
+                        r"sessionstart|sessionfinish|start_new_session|new-session|setsid|"
+                        r"\bsession[-.]\w|self\.session|lim\.session|\(self, session\)|session router", re.I)
+_CLASS = re.compile(r"\bSession\b")
+
+
+def _technical(line: str) -> bool:
+    path = line.split(":", 1)[0]
+    return bool(_TECHNICAL.search(line) or (path.endswith(".py") and _CLASS.search(line)))
 
 
 def test_no_work_session_talk_outside_the_experiments_log():
@@ -254,5 +261,5 @@ def test_no_work_session_talk_outside_the_experiments_log():
         pytest.skip("not a git checkout")
     out = subprocess.run(["git", "grep", "-niw", "session", "--", ":!docs/experiments", ":!CHANGELOG.md",
                           ":!tests/test_docs.py"], cwd=REPO, capture_output=True, text=True).stdout
-    bad = [ln for ln in out.splitlines() if not _TECHNICAL.search(ln)]
+    bad = [ln for ln in out.splitlines() if not _technical(ln)]
     assert not bad, "the word 'session' outside technical uses:\n" + "\n".join(bad[:40])

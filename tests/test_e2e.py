@@ -50,7 +50,7 @@ def test_demo_then_two_scheduled_cycles(home, capsys):
            f"{data[0]['tenant_id']} {data[0]['n']} ({data[0]['structured']} structured)" in out.err
     assert "promotion decision for embedded:" in out.err and "sft checkpoint" in out.err and "rl checkpoint" in out.err
     assert "ratchet ui" in out.err and "ratchet mlflow" in out.err and "ratchet query" in out.err
-    # SPEC's columns: the prompted baseline and the SFT checkpoint are evaluated beside the candidate
+    # the scorecard's columns: the prompted baseline and the SFT checkpoint are evaluated beside the candidate
     assert "= prompted baseline (base_policy, no weight change)" in out.err and "= SFT;" in out.err
     assert any(p.startswith("embedded:base_policy@") for p in first["pass_rates"]), first["pass_rates"]
     wh = Warehouse(home.warehouse)

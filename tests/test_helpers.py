@@ -1,5 +1,5 @@
-"""The one helper for each of: timestamp parsing, Arrow -> DuckDB DDL, Markdown metadata tables
-(issue 10 item 3). Every caller goes through them, so each is pinned here once."""
+"""The one helper for each of: timestamp parsing, Arrow -> DuckDB DDL, Markdown metadata tables.
+Every caller goes through them, so each is pinned here once."""
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa

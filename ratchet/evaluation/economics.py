@@ -1,5 +1,5 @@
 """Economics: a rate card applied to measured quantities (tokens, sandbox seconds, policy seconds,
-verifier runs, training compute), and the SPEC's cost views per policy.
+verifier runs, training compute), and the scorecard's cost views per policy.
 
     variable cost per accepted   = variable cost of every episode run / accepted runs
     sample-amortised / accepted  = (variable cost + training investment) / accepted runs
@@ -10,8 +10,9 @@ verifier runs, training compute), and the SPEC's cost views per policy.
 "Accepted" = an episode that passed (each seed's run is one unit of production work); infra
 failures are not accepted but their compute is paid, so it is in the variable cost. Training
 investment is the checkpoint's own measured compute; a warm start it was trained from (SFT before
-RL) is reported beside it and left out of the amortisation unless `include_warm_start` (SPEC's
-reference does the same: RL 0.94 + 1,180 / 10,000 = $1.06, break-even 1,180 / 0.54 -> 2,186).
+RL) is reported beside it and left out of the amortisation unless `include_warm_start` (the
+reference scorecard's arithmetic does the same: RL 0.94 + 1,180 / 10,000 = $1.06, break-even
+1,180 / 0.54 -> 2,186).
 
 Zero accepted runs: every per-accepted view is the string "not computable", never $0.00 (the
 numeric columns are NULL). A candidate that is not cheaper per accepted run than the baseline

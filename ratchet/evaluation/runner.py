@@ -246,8 +246,8 @@ def evaluate(plan: HoldoutPlan, policy_id: str, checkpoint_version: str = "", *,
 def _each(fn, jobs: list, n: int, take: Callable, test_cache: str | None = None) -> None:
     """take(fn(job)) for every job exactly once: in this process when n == 1, else in a pool of n
     workers, results in completion order. Spawn, not fork: a forked pool inside Dagster / pytest
-    can hang on terminate (PITFALLS). ProcessPoolExecutor, not multiprocessing.Pool: when a worker
-    dies mid-job, Pool.imap waits forever for the lost job (seen in full test runs, 2026-11-30);
+    can hang on terminate. ProcessPoolExecutor, not multiprocessing.Pool: when a worker
+    dies mid-job, Pool.imap waits forever for the lost job (seen in full test runs);
     the executor raises BrokenProcessPool, and the jobs without a result run here instead."""
     if n == 1:
         _ensure_runtime(test_cache)

@@ -1,5 +1,6 @@
-"""The scorecard: SPEC.md's table (policies side by side, CIs and denominators, economics) as
-Markdown, and a PNG (pass rate with 95% CI bars per policy, and per slice of one dimension).
+"""The scorecard: the reference scorecard's table (policies side by side, CIs and denominators,
+economics) as Markdown, and a PNG (pass rate with 95% CI bars per policy, and per slice of one
+dimension).
 
     md = scorecard_markdown(summary_rows, economics_rows, order=[...])
     scorecard_png(summary_rows, path, slice_dimension="family")
@@ -50,7 +51,7 @@ def policy_label(r: Mapping) -> str:
 
 def scorecard_markdown(summary: Sequence[Mapping], economics: Sequence[Mapping] = (), *,
                        order: Sequence[str] | None = None, production_n: int | None = None) -> str:
-    """The SPEC table from eval_summary rows (dimension "all") and economics rows."""
+    """The scorecard table from eval_summary rows (dimension "all") and economics rows."""
     alls = [r for r in summary if r["dimension"] == "all"]
     if order:
         rank = {p: i for i, p in enumerate(order)}

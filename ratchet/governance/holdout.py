@@ -68,7 +68,8 @@ def holdout_state(con, path: str | Path) -> HoldoutState:
     except ManifestError as e:
         raise ManifestError(f"{e} -- the warehouse recorded holdout version {lock['version']} "
                             f"(sha256 {lock['manifest_sha256'][:12]}..., {lock['n_tasks']} tasks) at {lock['event_at']}; "
-                            f"restore the manifest file or unlock it with `ratchet holdout unlock --reason R --actor A`"
+                            f"rewrite the file from the warehouse's recorded rows with "
+                            f"`ratchet holdout restore --reason R --actor A`"
                             ) from None
     if m.version != lock["version"]:
         raise ManifestError(f"holdout manifest at {path} is version {m.version}, the warehouse recorded {lock['version']}")
@@ -140,6 +141,40 @@ def unlock_holdout(con, path: str | Path, reason: str, actor: str, now: datetime
         con.execute("UPDATE holdout_manifest SET locked = false WHERE version = ?", [m.version])
         row = log_event(con, "unlock", m, path, actor=audit["actor"], reason=audit["reason"], at=parse_now(audit["at"]))
         save_manifest(m, path)
+    return m, row
+
+
+def restore_holdout(con, path: str | Path, reason: str, actor: str, now: datetime | None = None) -> tuple[HoldoutManifest, dict]:
+    """`ratchet holdout restore`: rewrite a deleted or edited manifest file from the warehouse's
+    rows of the recorded version. The rows must hash to the sha256 the log recorded at lock time
+    (the authority), so a restore can only bring back the holdout that was locked, never a new one;
+    the unlock audit is rebuilt from the log. Audited as a `restore` event."""
+    if not (reason and reason.strip()) or not (actor and actor.strip()):
+        raise ManifestError("restoring the holdout manifest needs a non-empty --reason and --actor")
+    path = Path(path)
+    events = fetch(con, "SELECT * FROM holdout_manifest_log ORDER BY seq")
+    locks = [e for e in events if e["event"] in ("lock", "adopt")]
+    if not locks:
+        raise ManifestError("the warehouse records no locked holdout: nothing to restore")
+    lock = locks[-1]
+    rows = fetch(con, "SELECT * FROM holdout_manifest WHERE version = ?", [lock["version"]])
+    if not rows:
+        raise ManifestError(f"the holdout_manifest table has no rows of the recorded version {lock['version']}: "
+                            f"nothing to restore from")
+    m = manifest_from_rows(rows)
+    if m.sha256 != lock["manifest_sha256"]:
+        raise ManifestError("holdout_manifest table rows differ from the sha256 recorded in holdout_manifest_log "
+                            "(rows edited?): they cannot restore the file")
+    audit = tuple({"action": "unlock", "version": e["version"], "manifest_sha256": e["manifest_sha256"],
+                   "actor": e["actor"], "reason": e["reason"], "at": str(e["event_at"])}
+                  for e in events if e["event"] == "unlock" and e["version"] == m.version)
+    from dataclasses import replace as dc_replace
+
+    m = dc_replace(m, audit=audit)
+    with transaction(con):
+        row = log_event(con, "restore", m, path, actor=actor.strip(), reason=reason.strip(), at=now)
+        save_manifest(m, path)
+    holdout_state(con, path)   # what every later reader does: it must verify now
     return m, row
 
 

@@ -18,11 +18,12 @@ shown after an edit until the next edit. So after a failed attempt and its undo,
 second row of the list the first attempt came from, not of the list the undo was read from.
 
 Why: with the view in the prior's order, "apply the first listed row" IS the prior harness, and
-SFT trained on 55 demonstrations of exactly that rule did not learn it on 164 problems (learning
-run 12: SFT 0.211, first try 0.111, against the prior's 0.517 / 0.433). The call named the row by
-its environment index, so the rule was "copy the number on the first row of the last list", a
-pointer operation; on 20 problems the model could instead recall per problem which index had been
-right, which did not carry to new problems. In ranks the rule is one constant token.
+SFT trained on 55 demonstrations of exactly that rule did not learn it on 164 problems (SFT 0.211,
+first try 0.111, against the prior's 0.517 / 0.433; measured by bench/learning.py, see
+docs/experiments/). The call named the row by its environment index, so the rule was "copy the
+number on the first row of the last list", a pointer operation; on 20 problems the model could
+instead recall per problem which index had been right, which did not carry to new problems. In
+ranks the rule is one constant token.
 """
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ class Ranks:
         from ratchet.policy.action_mask import ListValidity
 
         self.view_key = json.dumps(view) if view else ""
-        # rank 0 names what the notes name (view["follow"] == "notes", session 23): see `followed`
+        # rank 0 names what the notes name (view["follow"] == "notes"): see `followed`
         self.follow = bool(view) and view.get("follow") == FOLLOW_NOTES
         self.lines: tuple = ()
         self._lists: dict = {}      # ((path, line), tag) -> env indices in view order
@@ -159,9 +160,9 @@ class Ranks:
         proposed in the tiers begun so far (tier 1 before anything is proposed), or `tier t
         listed.` once every line of those tiers has its list. The demonstrator lists a whole tier,
         then attempts; SFT did not learn where a tier ends (teacher-forced on its own
-        demonstrations it listed another line at 43 of 68 "now attempt" turns, docs/training.md
-        session 22): a comparison of tier labels across the whole localize answer, made one local
-        phrase here. Empty before localize has answered."""
+        demonstrations it listed another line at 43 of 68 "now attempt" turns, measured by
+        bench/imitation.py): a comparison of tier labels across the whole localize answer, made
+        one local phrase here. Empty before localize has answered."""
         if not self.lines:
             return ""
         k = self.next_to_list()
@@ -190,7 +191,7 @@ class Ranks:
         then the view's row order); empty when nothing listed is left untried or off the clean
         file. Why: with the tier boundary learnt (the progress note and 10 SFT epochs), the policy's
         next error was this cross-list choice (11 of 11 validation tasks lost to the demonstrator:
-        another line first; docs/training.md session 22): comparing prior counts across 2-4 lists
+        another line first; measured by bench/imitation.py): comparing prior counts across 2-4 lists
         in earlier messages, made one local phrase here, in the tokens of the call."""
         best = self.best_untried()
         return "" if best is None else f"best untried: line {best[0]}, index {best[1]}."
@@ -220,7 +221,7 @@ class Ranks:
         policy called the demonstrator's tool at 0.985 of its "now attempt" turns but wrote the
         note's numbers at only 0.691 (validation 0.531): copying two numbers from a note is a
         pointer operation a 1M-parameter model did not learn from 68 examples; "do what the note
-        says" in ranks is one constant token, as "the first listed row" was (run 13)."""
+        says" in ranks is one constant token, as "the first listed row" is (see the module's Why)."""
         if not (self.follow and self._valid.clean):
             return None
         if name == "propose_edits":

@@ -50,7 +50,7 @@ class GatePolicy:
     max_contamination: float = 0.0
     hacking_tolerance: float = 0.0       # a pass rate / component may drop this much while reward rises
     max_infra_rate: float = 0.10         # share of a side's episodes that may be infrastructure failures
-    min_seeds: int = 3                   # seeds every task needs on each side (the spec's 3-seed holdout)
+    min_seeds: int = 3                   # seeds every task needs on each side (the holdout evaluates 3 seeds)
     require_lineage: bool = True         # a learned checkpoint needs a consent lineage record
     soft_gates: tuple[str, ...] = ()     # gates an owner may approve past (never those in ALWAYS_HARD)
     auto_approve: bool = True            # the pre-authorised policy approves when every gate passes
@@ -68,7 +68,7 @@ class GatePolicy:
             if getattr(self, k) < 0:
                 raise ValueError(f"{k} must be >= 0, got {getattr(self, k)}")
         if not 0.0 <= self.min_kappa <= 1.0:
-            raise ValueError(f"min_kappa {self.min_kappa} must be in [0, 1] (the spec asks 0.80)")
+            raise ValueError(f"min_kappa {self.min_kappa} must be in [0, 1] (the judge gate blocks below 0.80)")
         bad = sorted(set(self.soft_gates) - set(GATES))
         if bad:
             raise ValueError(f"soft_gates {bad} are not gates; gates are {list(GATES)}")
@@ -76,7 +76,7 @@ class GatePolicy:
         if hard:
             raise ValueError(f"soft_gates {hard} must stay hard: only {sorted(set(GATES) - ALWAYS_HARD)} may be soft")
         if self.min_seeds < 1:
-            raise ValueError(f"min_seeds {self.min_seeds} must be >= 1 (the spec evaluates 3 seeds)")
+            raise ValueError(f"min_seeds {self.min_seeds} must be >= 1 (the holdout evaluates 3 seeds)")
         if not self.slice_columns:
             raise ValueError("slice_columns is empty: name at least one (e.g. 'slice')")
 

@@ -1,7 +1,7 @@
 """The governance evidence a training run needs, read from the warehouse before any weights change.
 
 Dagster's blocking checks (`contamination` on split_assignments, `training_set_clean` on
-training_set) stop the downstream steps of *their own run* only (PITFALLS): `train_candidate`, a
+training_set) stop the downstream steps of *their own run* only: `train_candidate`, a
 cycle with `lifecycle: false` or a click on `sft_checkpoint` in the UI would train on whatever the
 warehouse holds, checked or not. So every training asset calls `require_training_gate` first:
 

@@ -37,29 +37,28 @@ from ratchet.policy.runner import TURN_BUDGET
 
 @dataclass(frozen=True)
 class RecipeSettings:
-    # the defaults are bench/learning.py's measured run (docs/training.md)
+    # the defaults are the ones bench/learning.py measured (see docs/experiments/)
     sft_epochs: float = 3.0
     sft_lr: float = 3e-3
     sft_batch: int = 4
     sft_max_steps: int = -1            # > 0 overrides sft_epochs (smoke runs, tests)
     sft_max_length: int = 4096
-    rl_steps: int = 12                 # run 7: 12 x 4 x 8 (RL 0.292, RL - SFT +0.050; 12.1 CPU-min)
+    rl_steps: int = 12                 # 12 x 4 x 8: the best GRPO size bench/learning.py measured (~12 CPU-min)
     rl_tasks_per_step: int = 4
     rl_group_size: int = 8
-    rl_lr: float = 1e-3              # bench/learning.py run 3: +5.0 points over SFT (2e-4: +0.0); run 4: +3.3
+    rl_lr: float = 1e-3              # bench/learning.py: +5.0 points over SFT (2e-4: +0.0)
     rl_beta: float = 0.04
-    # GRPOSettings.turn_cost: among passes the shorter one is preferred (a fail keeps 0). 0.3 since
-    # session 16: from run 15's SFT, RL - SFT +5.6 / +6.1 / +5.0 (recipe seeds 0-2) against +0.6 / -6.1 /
-    # -2.8 without it on 164 problems; on 40 problems +1.9 pooled, +2.4 without (bench/rl_variant.py --turn-cost;
-    # docs/training.md, runs 16-17). Runs 18 / 19 (bench/learning.py's defaults, 3 seeds
-    # pooled, two samples of tasks): +6.1 [+0.4, +12.2] / +2.6 [-2.8, +7.6]
+    # GRPOSettings.turn_cost: among passes the shorter one is preferred (a fail keeps 0). 0.3: on 164
+    # problems RL - SFT was +5.6 / +6.1 / +5.0 (recipe seeds 0-2) against +0.6 / -6.1 / -2.8 without
+    # it (on 40 problems no gain); measured with bench/rl_variant.py --turn-cost and bench/learning.py,
+    # see docs/experiments/
     rl_turn_cost: float = 0.3
     rl_updates_per_step: int = 1       # optimizer steps per batch of rollouts (GRPOSettings.updates_per_step)
     rl_minibatches: int = 1            # optimizer steps per pass over a batch, same CPU (GRPOSettings.minibatches)
     rl_temperature: float = 1.0
     # GRPO rollouts over worker processes (ratchet.policy.rollout_pool): the same records, about the
-    # same CPU, generation on both cores (bench/rollout.py, 9 runs: median 4.41x one at a time
-    # against 3.76x in one process; learning run 11: 40 s a GRPO step against ~60)
+    # same CPU, generation on both cores (bench/rollout.py, median of 9: 4.41x one at a time
+    # against 3.76x in one process; in bench/learning.py ~40 s a GRPO step against ~60)
     rl_rollout_workers: int = min(2, os.cpu_count() or 1)
     max_turns: int = TURN_BUDGET      # the evaluation's too (ratchet.policy.runner)
     max_tokens: int = 96
@@ -70,17 +69,18 @@ class RecipeSettings:
     threads: int = 1
     prior_view: bool = True            # candidate lists in the train-fit prior's order (chat.make_view)
     # the view names no task (chat.make_view). Off: over 3 recipe seeds its RL - SFT was +1.3
-    # [-2.8, +5.4] points (docs/training.md, after run 9): no reliable gain to trade the issue text for
+    # [-2.8, +5.4] points (bench/learning.py --hide-task; see docs/experiments/): no reliable gain to
+    # trade the issue text for
     hide_task: bool = False
     # rank-relative actions (ratchet.policy.rank_actions): calls name the k-th listed line / row.
-    # On since run 13: SFT 0.361 = the prior harness's 0.367, SFT - random +12.2 [+2.8, +21.7]
-    # (run 11, environment indices: 0.333, +9.4 [0.0, +18.3]; docs/training.md)
+    # On: SFT 0.361 = the prior harness's 0.367, SFT - random +12.2 [+2.8, +21.7] (with environment
+    # indices: 0.333, +9.4 [0.0, +18.3]; measured with bench/learning.py, see docs/experiments/)
     rank_actions: bool = True
     # the view's tier-progress note (chat.make_view(progress=True), Ranks.progress; rank actions
-    # only): "next to list: k." / "tier t listed." after localize and each list (session 22)
+    # only): "next to list: k." / "tier t listed." after localize and each list
     tier_progress: bool = False
     # the view's pick note (chat.make_view(pick=True), Ranks.pick; rank actions and a prior only):
-    # "best untried: line k, index i." on the clean file after each list and undo (session 23)
+    # "best untried: line k, index i." on the clean file after each list and undo
     pick_note: bool = False
     # rank 0 names what the notes name (Ranks.followed; with tier_progress and pick_note only)
     follow_notes: bool = False
@@ -199,10 +199,11 @@ def recipe_view(settings: "RecipeSettings", rows, prior=None) -> dict | None:
     return view or None
 
 
-def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings(), *, prior=None):
+def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings(), *, prior=None, on_log=None):
     """SFT under the recipe (structured rows if enough, calls only) -> SFTResult; the checkpoint
     carries its decoding config (the structured mask, calls-only bounds, the view: `recipe_view`).
-    `prior`: a count prior fit on train-split tasks (`fit_prior`); None: fit from `rows`."""
+    `prior`: a count prior fit on train-split tasks (`fit_prior`); None: fit from `rows`. `on_log`: each
+    logging step's dict (train_sft)."""
     from ratchet.policy.embedded.decoding import write_decoding
     from ratchet.training.sft import train_sft
 
@@ -210,7 +211,7 @@ def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSetting
     picked = structured_rows(rows)
     data = picked if len(picked) >= settings.min_structured else _offer_structured(rows)
     view = recipe_view(settings, rows, prior)
-    res = train_sft(base_path, data, out_dir, settings.sft(), view=view)
+    res = train_sft(base_path, data, out_dir, settings.sft(), view=view, on_log=on_log)
     write_decoding(res.checkpoint, action_mask="structured", bounds=settings.bounds(), view=view)
     res.n_structured = len(picked)
     res.view = view

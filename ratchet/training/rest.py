@@ -7,7 +7,8 @@ fewest turns (infra failures never), then continue SFT from the same checkpoint 
 episodes (plus, optionally, the demonstrations SFT trained on), under the checkpoint's view and
 decoding. Why a second RL method beside GRPO (`grpo_loop`): under greedy decoding, what the holdout
 evaluation does, GRPO's small KL-bounded steps moved the sampled distribution but not the
-policy's first choice (docs/training.md, sessions 19-20: RL - SFT -0.6 and +2.2 points pooled);
+policy's first choice (RL - SFT -0.6 and +2.2 points pooled on two task samples, measured with
+bench/rl_variant.py; see docs/experiments/);
 a likelihood step on a sampled pass moves the argmax toward it, as SFT moved the untrained model.
 
     res = train_rest(sft_ckpt, bundles, out_dir, RestSettings(), demos=rows, runtime=rt)

@@ -95,7 +95,7 @@ def build_suite(seed: int = 0, limit: int | None = None, *, per_problem: int = 8
         # spawn, not fork: a forked pool inherits the caller's threads' locks and signal handlers
         # (Dagster's in-process executor, pytest); seen here as a pool that never terminates.
         # ProcessPoolExecutor, not multiprocessing.Pool: when a worker dies mid-job, Pool.imap
-        # waits forever for the lost job (seen twice in full test runs, 2026-11-30, cause not
+        # waits forever for the lost job (seen twice in full test runs, cause not
         # found); the executor raises, and the build finishes in this process instead.
         try:
             with ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as pool:

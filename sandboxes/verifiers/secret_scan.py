@@ -13,7 +13,7 @@ class SecretFinding:
 
 def scan_diff(diff: str) -> list[SecretFinding]:
     """Secrets on added lines. The `is_invalid_file` filter is disabled: it drops every finding
-    whose file is not on disk, and a diff's files are not (see PITFALLS)."""
+    whose file is not on disk, and a diff's files are not."""
     if not diff.strip():
         return []
     from detect_secrets import SecretsCollection

@@ -1,11 +1,11 @@
-"""Economics: SPEC.md's reference arithmetic, the zero-accepted rule, the rate card."""
+"""Economics: the reference scorecard's arithmetic, the zero-accepted rule, the rate card."""
 import pytest
 
 from ratchet.evaluation import economics as ec
 
 pytestmark = pytest.mark.evaluation
 
-# SPEC.md reference scorecard (400 tasks x 3 seeds): variable cost per accepted and accepted
+# The reference scorecard (400 tasks x 3 seeds): variable cost per accepted and accepted
 # counts; training investment SFT $420, RL $1,180 (+$420 warm start).
 BASE = ec.PolicyCost("prompted-baseline", "", 1200, 246, 1.48 * 246)
 SFT = ec.PolicyCost("sft", "1", 1200, 272, 1.21 * 272, training_usd=420.0)

@@ -1,4 +1,4 @@
-"""Scorecard Markdown (SPEC's rows, CIs, denominators, economics) and the PNG."""
+"""Scorecard Markdown (the reference scorecard's rows, CIs, denominators, economics) and the PNG."""
 import pytest
 
 from ratchet.evaluation import economics as ec

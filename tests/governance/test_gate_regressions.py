@@ -1,5 +1,5 @@
-"""Each test here names a bug that once survived the suite when planted by hand (issue 10,
-item 7) and fails if it comes back: the contamination gate's repo/issue recomputation, a
+"""Each test here names a bug that once survived the suite when planted by hand, and fails if
+it comes back: the contamination gate's repo/issue recomputation, a
 trajectory without timestamps training, and the slice term of the split algorithm."""
 from collections import Counter
 from datetime import datetime, timedelta, timezone

@@ -1,5 +1,5 @@
-"""Issue 9: ingest tried on real logs and hostile folders. Every test here failed on the ingest
-before it (odd folder entries, compressed and UTF-16 files, chat logs without a task id,
+"""Ingest tried on real logs and hostile folders. Every test here failed on an earlier ingest
+(odd folder entries, compressed and UTF-16 files, chat logs without a task id,
 mini-swe-agent 2.x, big integers, unbounded lines, half-visible batches, idempotence holes,
 one Parquet part per file)."""
 import errno

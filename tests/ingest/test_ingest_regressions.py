@@ -1,6 +1,6 @@
-"""Each test here names a bug that once survived the suite when planted by hand (issue 10,
-item 7): the contract check made non-blocking, the ingest lock removed (the same file ingested
-twice at once), and per-file counts carried from one file to the next."""
+"""Each test here names a bug that once survived the suite when planted by hand: the contract
+check made non-blocking, the ingest lock removed (the same file ingested twice at once), and
+per-file counts carried from one file to the next."""
 import multiprocessing as mp
 from pathlib import Path
 

@@ -1,6 +1,6 @@
 """The Docker runtime, for real: conformance to the Episode protocol and escape attempts.
 
-Every test runs in a real container (the session's `docker_runtime` fixture starts the engine
+Every test runs in a real container (the session-scoped `docker_runtime` fixture starts the engine
 and builds the base image offline when needed, or skips with the exact reason). Each escape
 probe asserts that the attack failed, not only that a command returned.
 """

@@ -1,7 +1,7 @@
 """Reward and sandbox integrity against inputs we did not write (QuixBugs) and hostile agents.
 
 Every test here failed on the code before pristine verification, host-side failure attribution,
-the monotone reward, the minimal host view and the quotas (issue 8).
+the monotone reward, the minimal host view and the quotas.
 """
 import os
 import shutil

@@ -278,7 +278,7 @@ def test_a_random_policy_in_ranks_drives_the_real_environment(tokenizer, tiny_mo
 
 
 def test_tier_progress_note_says_what_the_demonstrator_does_next(demos):
-    """The view's tier-progress note (`make_view(..., progress=True)`, session 22) on the
+    """The view's tier-progress note (`make_view(..., progress=True)`) on the
     demonstrator's real episodes: before each of its proposals (not an undo's) the last note reads
     `next to list: k.` with k the rank it proposes; before each first attempt it reads `tier t
     listed.` unless the demonstrator stopped listing for want of turns. Without the setting the
@@ -316,7 +316,7 @@ def test_tier_progress_note_says_what_the_demonstrator_does_next(demos):
 
 
 def test_pick_note_names_the_demonstrators_next_attempt(demos):
-    """The view's pick note (`make_view(..., pick=True)`, session 23) on the demonstrator's real
+    """The view's pick note (`make_view(..., pick=True)`) on the demonstrator's real
     episodes: before each attempt it makes once its tier is listed (an apply_edit on the clean
     file), the last pick note names that very call in ranks; before an undo (the file is edited)
     the last tool message carries no note. Without the setting the rendering is unchanged."""
@@ -353,7 +353,7 @@ def test_pick_note_names_the_demonstrators_next_attempt(demos):
 
 
 def test_rank_zero_follows_the_notes_on_the_demonstrators_episodes(demos):
-    """`make_view(..., follow=True)` (session 23): rank 0 names what the notes name. On the
+    """`make_view(..., follow=True)`: rank 0 names what the notes name. On the
     demonstrator's real episodes every call round-trips (env -> ranks -> env), lies inside the
     ranked mask, and each of its proposals (not an undo's) and attempts renders as rank 0, since it
     does exactly what the notes say; the mask still offers the explicit ranks beside it, and rank 0

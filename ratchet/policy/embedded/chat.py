@@ -118,11 +118,11 @@ def compact_candidate(description: str) -> str:
 # learn the ranking of candidate kinds (SFT = the random harness, docs/training.md); reading the
 # first row of a list is a position it can learn. No view (or no prior in it): the env's order.
 VIEW_PRIOR = "prior"
-# `hide_task` (an experiment, off by default; docs/training.md after run 9): the policy reads no
-# text that names the task: the issue becomes TASK_HIDDEN_TEXT and the code quoted on localize's
-# and apply_edit's rows is dropped (file, line, score, candidate kinds and edits stay). GRPO
-# improved the tasks it trained on but not new ones; a policy that cannot tell tasks apart can only
-# learn choices that transfer.
+# `hide_task` (an experiment, off by default; measured by bench/learning.py, see docs/experiments/):
+# the policy reads no text that names the task: the issue becomes TASK_HIDDEN_TEXT and the code
+# quoted on localize's and apply_edit's rows is dropped (file, line, score, candidate kinds and
+# edits stay). GRPO improved the tasks it trained on but not new ones; a policy that cannot tell
+# tasks apart can only learn choices that transfer.
 TASK_HIDDEN_TEXT = "Make the failing tests pass."
 
 
@@ -154,7 +154,7 @@ def task_hidden(view: dict | None) -> bool:
     return bool(view) and view.get("task") == "hidden"
 
 
-# the tier-progress note (session 22; `make_view(..., progress=True)`, rank-relative actions only):
+# the tier-progress note (`make_view(..., progress=True)`, rank-relative actions only):
 # see `ratchet.policy.rank_actions.Ranks.progress`. A view without the key renders as before.
 PROGRESS_TIER = "tier"
 PROGRESS_AFTER = ("localize", "propose_edits")
@@ -164,7 +164,7 @@ def tier_progress(view: dict | None) -> bool:
     return bool(view) and view.get("progress") == PROGRESS_TIER
 
 
-# the pick note (session 23; `make_view(..., pick=True)`, rank-relative actions and a prior only):
+# the pick note (`make_view(..., pick=True)`, rank-relative actions and a prior only):
 # see `ratchet.policy.rank_actions.Ranks.pick`. A view without the key renders as before.
 PICK_PRIOR = "prior"
 PICK_AFTER = ("propose_edits", "apply_edit")

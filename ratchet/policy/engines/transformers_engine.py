@@ -73,8 +73,8 @@ def load_local(path: str | Path, *, dtype: str = "float32", device: str = "cpu",
         from ratchet.policy.embedded.tokenizer import load_tokenizer
         tok = load_tokenizer(p)
     elif (p / "tokenizer.json").exists():
-        # PreTrainedTokenizerFast keeps a locally trained tokenizer's own pre-tokeniser (PITFALLS:
-        # AutoTokenizer may rebuild it as another class with different ids).
+        # PreTrainedTokenizerFast keeps a locally trained tokenizer's own pre-tokeniser
+        # (AutoTokenizer may rebuild it as another class with different ids).
         tok = PreTrainedTokenizerFast.from_pretrained(str(p), local_files_only=True)
     else:
         tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
