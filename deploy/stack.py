@@ -34,7 +34,11 @@ DEPLOY = ROOT / "deploy"
 IMAGE_REPO = "ratchet-code"
 LABEL = "ratchet.deploy"                  # every container of a stack carries LABEL=<stack id>
 PACKAGES = ("ratchet", "sandboxes", "assets", "resources", "pipelines")
-POOL_LIMITS = {"gpu": 1, "warehouse": 1}
+# Every pool the assets name (`pool=` in assets/), one slot each: `warehouse` (DuckDB allows one
+# writer process per file), `sandbox` (holdout_eval, whose episode pool uses every core),
+# `training` (sft/dpo/rl_checkpoint: one trainer at a time on the machine).
+# tests/deploy checks that this covers every pool of pipelines.definitions.
+POOL_LIMITS = {"sandbox": 1, "training": 1, "warehouse": 1}
 SITE_IN_IMAGE = "/opt/venv/site-packages"
 DEFAULT_STATE = Path(os.environ.get("RATCHET_DEPLOY_STATE", ROOT / ".ratchet" / "deploy"))
 

@@ -54,10 +54,13 @@ def _commands(text: str):
 
 def _check_command(parser, sub: str, rest: str) -> list[str]:
     subs = _choices(parser)
+    if rest.startswith(":"):          # "ratchet holdout: ..." is an error message's prefix, not a command
+        return []
     if sub not in subs:
         return [f"`ratchet {sub}`: no such command (have {sorted(subs)})"]
     p = subs[sub]
-    words = rest.split()
+    words = [w.rstrip("\\`'\".,;:)") for w in rest.split()]
+    words = [w for w in words if w]
     nested = _choices(p)
     if nested:
         if not words or words[0].startswith("-") or words[0] in ("show|unlock", "show/unlock"):

@@ -90,12 +90,9 @@ def holdout_plan(con, manifest_path: str | Path, *, task_limit: int | None = Non
 # ------------------------------------------------------------------------------- workers
 _RUNTIME = None
 # Batched policies: episodes per pool job, and how many of them are open at once (the most rows
-# one generate call decodes). A kill loses at most `workers` chunks. Was 16 / 4 while the engine
-# padded a batched prefill to the longest cached context (16 open took 77-98 s where 4 took 49 s);
-# it now prefills each row alone, and with the greedy memo a task's 3 seeds are one row, so a
-# chunk of 8 tasks x 3 seeds is opened whole (bench/eval.py, 40 tasks x 3 under load 6-8: 4 open
-# 1,315 s, 12 open 1,319 s, 24 open 1,273-1,278 s extrapolated to 400 x 3; mean batch 2.0 / 5.9 /
-# 10.1 rows; docs/evaluation.md, Performance).
+# one generate call decodes). A kill loses at most `workers` chunks. The engine prefills each row
+# alone, and with the greedy memo a task's 3 seeds are one row, so a chunk of 8 tasks x 3 seeds is
+# opened whole: measured with bench/eval.py, fewer open episodes were no faster.
 CHUNK = 24          # 8 tasks x 3 seeds
 CONCURRENCY = 24    # all of a chunk open at once: with the greedy memo a task's seeds ask one batch row
 

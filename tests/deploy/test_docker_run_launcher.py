@@ -48,10 +48,23 @@ def test_instance_config_is_valid_and_says_what_the_deployment_promises(tmp_path
     assert {"RATCHET_HOME", "DAGSTER_PG_PASSWORD", "DAGSTER_HOME"} <= forwarded
     assert cfg["storage"]["postgres"]["postgres_db"]["scheme"] == "postgresql+psycopg2"
     assert cfg["concurrency"]["pools"]["granularity"] == "op"
+    assert cfg["concurrency"]["pools"]["default_limit"] == 1
     assert cfg["telemetry"]["enabled"] is False
     ref = InstanceRef.from_dir(str(tmp_path))
     assert ref.storage_data.class_name == "DagsterPostgresStorage"
     assert ref.run_coordinator_data.class_name == "QueuedRunCoordinator"
+
+
+def test_the_deployment_limits_every_pool_the_assets_use():
+    """Each pool named by an op of the code location (`pool=` on the assets and checks) gets a
+    limit from `python -m deploy up`: a pool the deployment does not know is a config drift."""
+    from deploy import stack
+    from pipelines.definitions import defs
+
+    used = {n.pool for j in defs.resolve_all_job_defs() for n in j.graph.node_defs if getattr(n, "pool", None)}
+    assert used == {"sandbox", "training", "warehouse"}
+    assert used <= set(stack.POOL_LIMITS)
+    assert all(n == 1 for n in stack.POOL_LIMITS.values())
 
 
 def _query(cluster, sql, args=()):
@@ -135,7 +148,7 @@ def test_a_run_launched_through_the_docker_run_launcher_succeeds_with_history_in
         assert container.attrs["Config"]["Cmd"][:5] == ["/usr/bin/python3", "-m", "dagster", "api", "execute_run"]
         # The instance ref on the command line names the env var, never the password itself.
         assert st["env"]["DAGSTER_PG_PASSWORD"] not in json.dumps(container.attrs["Config"]["Cmd"])
-        assert limits == {"gpu": 1, "warehouse": 1}
+        assert limits == stack.POOL_LIMITS == {"sandbox": 1, "training": 1, "warehouse": 1}
         # The run container wrote the host's warehouse: the rows match what the run reported.
         mats = [deserialize_value(e) for k, e in events if k == "ASSET_MATERIALIZATION"]
         traj = next(m for m in mats if m.asset_materialization.asset_key.path == ["trajectories"])
