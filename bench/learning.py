@@ -19,7 +19,7 @@ docs/experiments/).
 Task success = the tests pass at submit (or at the turn limit); first-try fix = success with one
 candidate edit applied. 95% CIs: percentile bootstrap over tasks (ratchet.evaluation.stats).
 
-    .venv/bin/python bench/learning.py            # default (the run docs/training.md reports)
+    .venv/bin/python bench/learning.py            # default (what the results page records)
     .venv/bin/python bench/learning.py --quick    # minutes: the plumbing, not the numbers
     .venv/bin/python bench/learning.py --problems 40 --rl-seeds 1   # the small size: 20 train / 20
                                                                     # validation problems, one GRPO seed

@@ -738,7 +738,7 @@ def serve(root: str, kill_strays: bool, warm: bool = True) -> None:
 # built (`sandboxes.zygote`: a placeholder process holds it). The forked worker joins that
 # namespace, takes the sandbox's root, drops to the episode's uid exactly as bwrap + setpriv do,
 # and serves like a worker started inside it. Why: `import pytest` in a fresh interpreter was
-# ~0.25 of the ~0.4 CPU-s each sandbox start cost (docs/sandboxes.md, "zygote").
+# ~0.25 of the ~0.4 CPU-s each sandbox start cost (docs/experiments/2026-12-01-sandbox-zygote.md).
 _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 38, 36
 
 

@@ -250,7 +250,7 @@ def test_sizes():
 # reference agents' `Session` class.
 _TECHNICAL = re.compile(r"session_?id|scope=.session.|session-scoped|pytest session|warm-up pytest session|"
                         r"sessionstart|sessionfinish|start_new_session|new-session|setsid|"
-                        r"\bsession[-.]\w|self\.session|lim\.session|\(self, session\)|session router", re.I)
+                        r"\bsession[-.]\w|self\.session|lim\.session|\(self, session\)|\(session\)|= session,|session router", re.I)
 _CLASS = re.compile(r"\bSession\b")
 
 

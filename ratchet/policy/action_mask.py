@@ -13,7 +13,7 @@ and texts it may name come from the observations. An attempt is tested, then sub
 passed or undone by its inverse candidate if it failed (harness rules, the same for every policy).
 So an untrained model is a random-but-valid agent over these choices (close to the
 random-candidate harness), and the grammar spends no tokens on free text. Why: an SFT start
-trained on ~100 trajectories wrote junk into free string arguments (docs/training.md), so every
+trained on ~100 trajectories wrote junk into free string arguments (docs/experiments/), so every
 GRPO group was flat; with the mask a random choice of line and index hits the fix often enough for
 groups to hold passes.
 """

@@ -107,7 +107,7 @@ def tool_call_grammar(tool_schemas, bounds: Bounds = Bounds()):
 # alternation (character | escape) costs xgrammar O(position) per token (measured 14-24 ms a
 # token at 200 characters into a 320 bound, vs 0.005 ms for a repeated single class), so the
 # escapes sit in their own short segments: `plain{0,N} (escape plain{0,N/4}){0,max_escapes}`
-# where plain is one character class (0.1-0.2 ms a token, flat; bench in docs/training.md).
+# where plain is one character class (0.1-0.2 ms a token, flat; docs/experiments/2026-11-30-grammar-bounded-strings.md).
 # Still bounded, so termination holds. Checked by tests/training/test_grammar.py.
 _BOUNDED_CHARS = re.compile(r'^(\w+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
 _BOUNDED_USE = re.compile(r'(\w+_characters)\{(\d+), (\d+)\}')

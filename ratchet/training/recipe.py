@@ -6,7 +6,7 @@
     sft = sft_stage(base_path, rows, out_dir, settings)          # the same, one stage per asset
     rl = rl_stage(sft.checkpoint, curriculum(bundles, rows), out_dir, settings, runtime=rt)
 
-The recipe that made the embedded policy learn (docs/training.md, bench/learning.py):
+The recipe that made the embedded policy learn (bench/learning.py; its history in docs/experiments/):
 - structured calls only: the policy is offered localize, propose_edits, apply_edit, run_tests and
   submit, with the per-turn action mask (`ratchet.policy.action_mask`: the flow, the attempt
   structure that tests every attempt and undoes a failed one), and no free text; observations

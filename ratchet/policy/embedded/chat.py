@@ -115,7 +115,7 @@ def compact_candidate(description: str) -> str:
 # by the line's candidates of that kind; ties: the environment's order), each row keeping its own
 # index label, so the call still names the environment's index, and the first listed row is the
 # prior harness's choice on that line. Why: from ~50 demonstrations a 1M-parameter model did not
-# learn the ranking of candidate kinds (SFT = the random harness, docs/training.md); reading the
+# learn the ranking of candidate kinds (SFT = the random harness, docs/experiments/); reading the
 # first row of a list is a position it can learn. No view (or no prior in it): the env's order.
 VIEW_PRIOR = "prior"
 # `hide_task` (an experiment, off by default; measured by bench/learning.py, see docs/experiments/):

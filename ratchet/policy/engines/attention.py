@@ -16,7 +16,7 @@ engine keeps one copy of that prefix's KV and passes it as `shared_kv=[(keys, va
 (each [kv_heads, P, dim]) to the model call; the batch cache then holds only each row's suffix.
 Scores against the prefix are one matmul for all rows' queries (the prefix is read once per step,
 not once per row), scores against the suffix are per row, and the two parts are merged by their
-softmax statistics. Each row's own columns are still read per row (docs/policy.md measures what
+softmax statistics. Each row's own columns are still read per row (bench/rollout.py measures what
 that leaves).
 """
 from __future__ import annotations

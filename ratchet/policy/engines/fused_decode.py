@@ -7,7 +7,7 @@ a [16, 128] tensor. This forward does the same math from the model's own weights
 projections fused (q, k and v in one matmul; gate and up in one), RMSNorm as one
 `torch.nn.functional.rms_norm`, the rotary embedding applied to the query and key heads together,
 and the engine's attention (`engines.attention.gqa_decode_attention`, shared prefix included) called
-directly. Measured in docs/policy.md ("Fused decode steps").
+directly. Measured by bench/decode.py (docs/results).
 
 The same math, not the same floats: a fused matmul and a fused norm sum in another order, so
 logits move in the last bits (tests/policy/test_fused_decode.py bounds the difference and checks

@@ -11,7 +11,7 @@ or in any batch), its own grammar state (requests may offer different tools), it
 max_tokens and stop strings, and the unmasked log-probability of each sampled token.
 
 Four shortcuts, none of which changes a sampled id (tests/policy/test_engine_speedups.py compares
-each with the plain path; measured on a trained checkpoint's real episodes in docs/policy.md):
+each with the plain path; measured on a trained checkpoint's real episodes: docs/experiments/2026-11-30-engine-shortcuts.md):
 - **jump-forward**: a token the grammar forces (one allowed id) needs no logits to be chosen, so
   the run of forced tokens after a sampled one is fed in the next forward with it, instead of one
   forward per token. Its logprob comes from that forward's logits (0 under `masked_logprobs`); a
