@@ -6,7 +6,7 @@ the candidate checkpoint's training lineage from `checkpoints` + `trajectories` 
 which the gates treat as a failure, never as a pass."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from ratchet.evaluation.tables import grading
@@ -129,10 +129,26 @@ def _newest(con, table: str, cols: str, order: str) -> tuple[dict | None, str]:
     return (r[0], "") if r else (None, f"{table} is empty")
 
 
-def judge_kappa(con) -> tuple[float | None, str]:
-    r, why = _newest(con, "judge_calibration", "kappa, judge_id, items, computed_at", "computed_at")
-    if r is None:
-        return None, why
+def judge_kappa(con, judge_ids: Iterable[str] = ()) -> tuple[float | None, str]:
+    """The calibration of the judge that graded the candidate: another judge's kappa says nothing
+    about these rewards. Several judges: the lowest of their newest kappas (the gate must hold for
+    each). No judge named: the newest calibration of any judge."""
+    judges = sorted({j for j in judge_ids if j})
+    if not judges:
+        r, why = _newest(con, "judge_calibration", "kappa, judge_id, items, computed_at", "computed_at")
+        if r is None:
+            return None, why
+        return r["kappa"], f"judge_calibration {r['judge_id']} over {r['items']} items at {r['computed_at']}"
+    if not has_table(con, "judge_calibration"):
+        return None, "table judge_calibration does not exist"
+    newest = []
+    for j in judges:
+        r = fetch(con, "SELECT kappa, judge_id, items, computed_at FROM judge_calibration WHERE judge_id = ? "
+                       "ORDER BY computed_at DESC NULLS LAST LIMIT 1", [j])
+        if not r:
+            return None, f"judge {j} graded the candidate but judge_calibration has no row for it"
+        newest.append(r[0])
+    r = min(newest, key=lambda x: (x["kappa"] is not None, x["kappa"] or 0.0))
     return r["kappa"], f"judge_calibration {r['judge_id']} over {r['items']} items at {r['computed_at']}"
 
 
@@ -194,8 +210,9 @@ def consent_lineage(con, policy_id: str, checkpoint_version: str, now: datetime,
     return list(out.values()), True, f"checkpoints row {ck['checkpoint_id']} ({len(records)} trained records)"
 
 
-def gather(con, candidate: Mapping, now: datetime, checkpoint_id: str | None = None) -> Evidence:
-    kappa, ksrc = judge_kappa(con)
+def gather(con, candidate: Mapping, now: datetime, checkpoint_id: str | None = None,
+           judge_ids: Iterable[str] = ()) -> Evidence:
+    kappa, ksrc = judge_kappa(con, judge_ids)
     rate, csrc = contamination_rate(con)
     violations, recorded, lsrc = consent_lineage(con, candidate["policy_id"], candidate["checkpoint_version"], now,
                                                  checkpoint_id)

@@ -61,7 +61,8 @@ def read_inputs(con, *, baseline: tuple[str, str], now: datetime, candidate: tup
     champ_rows = E.eval_rows(con, champ["policy_id"], champ["checkpoint_version"],
                              task_digests={r["task_id"]: E.grading(r) for r in cand_rows},
                              holdout_sha256=cand_rows[0]["holdout_sha256"])
-    return Inputs(cand, champ, cand_rows, champ_rows, E.gather(con, cand, now, checkpoint_id),
+    return Inputs(cand, champ, cand_rows, champ_rows, E.gather(con, cand, now, checkpoint_id,
+                           judge_ids={r.get("judge_id") for r in cand_rows}),
                   waiting=E.incomplete(cand_rows, champ_rows, min_seeds))
 
 

@@ -52,6 +52,23 @@ def test_newest_evidence_rows_win(con):
     assert E.contamination_rate(con)[0] == 0.0
 
 
+def test_the_kappa_is_that_of_the_judge_that_graded_the_candidate(con):
+    """Calibrating another judge last must neither block nor pass a candidate graded by rubric-v3."""
+    from ratchet.evaluation.tables import append_rows
+
+    append_rows(con, "judge_calibration", [
+        {"computed_at": NOW - timedelta(days=1), "judge_id": "rubric-v3", "items": 600, "kappa": 0.86},
+        {"computed_at": NOW, "judge_id": "rubric-v1", "items": 600, "kappa": 0.41}])
+    kappa, src = E.judge_kappa(con, {"rubric-v3"})
+    assert kappa == 0.86 and "rubric-v3" in src
+    assert E.judge_kappa(con)[0] == 0.41                       # no judge named: the newest of any
+    assert E.judge_kappa(con, {"rubric-v3", "rubric-v1"})[0] == 0.41   # every judge must hold
+    kappa, src = E.judge_kappa(con, {"openai:gpt"})
+    assert kappa is None and "no row for it" in src            # unknown, so the gate fails closed
+    ev = E.gather(con, {"policy_id": "embedded:rl", "checkpoint_version": "1"}, NOW, judge_ids=["rubric-v3"])
+    assert ev.judge_kappa == 0.86
+
+
 def test_consent_lineage_revoked_expired_and_clean(con):
     insert(con, "consent_grants", [
         {"consent_id": "LIVE", "tenant_id": "acme", "scopes": ["train"], "retention_days": 90, "granted_at": NOW - timedelta(days=10)},
