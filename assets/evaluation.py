@@ -244,6 +244,9 @@ def economics(context: dg.AssetExecutionContext, config: EconomicsConfig,
                                           "economics": dg.MetadataValue.md(table)})
 
 
+SCORECARD_PATH_KEY = "path (relative to RATCHET_HOME)"
+
+
 class ScorecardConfig(dg.Config):
     order: list[str] = []                  # policy ids, left to right; default: by id
     slice_dimension: str = "family"        # the PNG's per-slice panel
@@ -259,9 +262,13 @@ def scorecard(context: dg.AssetExecutionContext, config: ScorecardConfig, wareho
 
     from ratchet.evaluation import io
 
+    from ratchet.home import get_home
+
     out = io.write_scorecard(warehouse.get(), order=config.order, slice_dimension=config.slice_dimension,
                              tag=context.run_id[:8])
-    meta = {"scorecard": dg.MetadataValue.md(out["markdown"]), "path": dg.MetadataValue.path(str(out["md_path"])),
+    # relative, so the metadata still names the file after RATCHET_HOME moves
+    meta = {"scorecard": dg.MetadataValue.md(out["markdown"]),
+            SCORECARD_PATH_KEY: dg.MetadataValue.path(get_home(warehouse.home).relative(out["md_path"])),
             "slices": dg.MetadataValue.md(out["slices"])}
     if out["png_path"] is not None:
         data = base64.b64encode(out["png_path"].read_bytes()).decode()
@@ -274,6 +281,7 @@ def scorecard(context: dg.AssetExecutionContext, config: ScorecardConfig, wareho
                 run.log_artifact(str(out["png_path"]))
             run.log_metrics({f"pass_rate.{k}": v for k, v in out["pass_rates"].items() if v is not None})
         meta["mlflow_run"] = dg.MetadataValue.url(run.url)
+        meta["mlflow_run_id"] = run.run_id        # the link's host may change: the id finds the run anywhere
     return dg.MaterializeResult(metadata=meta)
 
 
@@ -286,24 +294,30 @@ evaluation_report_job = dg.define_asset_job(
 
 def run_evaluation(instance: dg.DagsterInstance, resources: dict, policies=DEFAULT_POLICIES, seeds=("0", "1", "2"),
                    holdout_config: Optional[dict] = None, report_ops: Optional[dict] = None, log=print,
-                   tags: Optional[dict] = None, report: bool = True) -> bool:
+                   tags: Optional[dict] = None, report: bool = True, run_config: Optional[dict] = None) -> bool:
     """What `make demo` runs: every policy x seed partition of holdout_eval (each resumes), then the
-    report assets with their checks. Returns True when every run succeeded."""
+    report assets with their checks. Returns True when every run succeeded. The runs go through the
+    named jobs (holdout_eval_job, evaluation_report_job), as the cycle's do: `dg.materialize` would
+    list them in the UI as `__ephemeral_asset_job__`. `run_config`: merged into every run's (loggers)."""
     register_policies(instance, policies)
+    jobs = dg.Definitions(assets=[holdout_eval, eval_summary, judge_calibration, economics, scorecard],
+                          asset_checks=[judge_kappa_drift, judge_kappa_gate],
+                          jobs=[holdout_eval_job, evaluation_report_job], resources=resources)
+    extra = run_config or {}
     ok = True
     for p in policies:
         for s in seeds:
-            res = dg.materialize([holdout_eval], partition_key=dg.MultiPartitionKey({"policy": p, "seed": s}),
-                                 instance=instance, resources=resources, raise_on_error=False,
-                                 run_config={"ops": {"holdout_eval": {"config": holdout_config or {}}}},
-                                 tags={**(tags or {}), "ratchet/stage": "holdout_eval"})
+            res = jobs.resolve_job_def(holdout_eval_job.name).execute_in_process(
+                partition_key=dg.MultiPartitionKey({"policy": p, "seed": s}), instance=instance, raise_on_error=False,
+                run_config={**extra, "ops": {"holdout_eval": {"config": holdout_config or {}}}},
+                tags={**(tags or {}), "ratchet/stage": "holdout_eval"})
             ok &= res.success
             log(f"holdout_eval {p} seed {s}: {'ok' if res.success else 'FAILED'}")
     if not report:          # the caller runs the reports later (the demo: after its improvement cycle)
         return ok
-    res = dg.materialize([eval_summary, economics, scorecard, judge_calibration, judge_kappa_drift, judge_kappa_gate],
-                         instance=instance, resources=resources, raise_on_error=False,
-                         run_config={"ops": report_ops or {}}, tags={**(tags or {}), "ratchet/stage": "evaluation_report"})
+    res = jobs.resolve_job_def(evaluation_report_job.name).execute_in_process(
+        instance=instance, raise_on_error=False, run_config={**extra, "ops": report_ops or {}},
+        tags={**(tags or {}), "ratchet/stage": "evaluation_report"})
     return ok and res.success
 
 

@@ -54,7 +54,8 @@ def ingest_assets(context: dg.AssetExecutionContext, config: IngestConfig, wareh
     store = warehouse.store()
     total, qtotal = store.count("trajectories"), store.count("quarantine")
     common = {"batch_id": s.batch_id, "read": s.read, "duplicates": s.duplicates,
-              "mlflow_run": dg.MetadataValue.url(run.url), "chart": dg.MetadataValue.md(markdown_image(chart, "ingest outcome")),
+              "mlflow_run": dg.MetadataValue.url(run.url), "mlflow_run_id": run.run_id,
+              "chart": dg.MetadataValue.md(markdown_image(chart, "ingest outcome")),
               "chart_file": home.relative(chart)}
     yield dg.MaterializeResult(asset_key="trajectories", metadata={
         **common, "accepted": s.accepted, "dagster/row_count": total, "id_clashes": s.id_clashes, "rows_total": total,

@@ -113,7 +113,8 @@ def promotion(context: dg.AssetExecutionContext, config: PromotionConfig, wareho
         "canary": out.canary, "owner_refused": out.refused or "",
         "aliases": dg.MetadataValue.json(aliases),
         "aliases_moved": dg.MetadataValue.json({k: list(v) for k, v in moved.items()}),
-        "model_version": model["model_version"], "policy_file": str(policy_file) if policy_file else "defaults",
+        "model_version": model["model_version"],
+        "policy_file": get_home(warehouse.home).relative(policy_file) if policy_file else "defaults",
         "candidate_episodes": len(inputs.candidate_rows), "champion_episodes": len(inputs.champion_rows)})
 
 

@@ -108,12 +108,28 @@ def _train_tasks(warehouse: WarehouseResource, limit: int | None) -> list[dict]:
 
 
 def _metadata(home, out: dict, run, path, **extra) -> dict:
+    import os
+
     from ratchet.plots import markdown_image
 
+    # paths under RATCHET_HOME relative to it (a parent checkpoint given by path), so the metadata
+    # still names them after the home moves
+    lineage = {k.removeprefix("ratchet."): home.relative(v) if isinstance(v, str) and os.path.isabs(v) else v
+               for k, v in out["tags"].items()}
     return {"checkpoint": home.relative(path), "checkpoint_id": out["checkpoint_id"],
             "model_version": f"{out['model_name']} v{out['version']}", "mlflow_run": dg.MetadataValue.url(run.url),
+            "mlflow_run_id": run.run_id,
             "learning_curve": dg.MetadataValue.md(markdown_image(out["curve"], "learning curve")),
-            "lineage": dg.MetadataValue.json({k.removeprefix("ratchet."): v for k, v in out["tags"].items()}), **extra}
+            "lineage": dg.MetadataValue.json(lineage), **extra}
+
+
+def _log_steps(context: dg.AssetExecutionContext, stage: str):
+    """The trainer's per-step numbers as lines of the step's Dagster log (the console of `ratchet
+    demo` gets none: ratchet.training.quiet); MLflow gets the same history as metrics."""
+    def log(row) -> None:
+        vals = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items() if k != "step")
+        context.log.info(f"{stage} step {row.get('step')}: {vals}")
+    return log
 
 
 class BasePolicyConfig(dg.Config):
@@ -142,6 +158,9 @@ def base_policy(context: dg.AssetExecutionContext, config: BasePolicyConfig,
     )
     from sandboxes.tools import TOOL_SCHEMAS
 
+    from ratchet.training.quiet import quiet_libraries
+
+    quiet_libraries()          # building and saving the weights draws no bars on the console
     home = get_home(warehouse.home)
     emb = EmbeddedConfig(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
                          intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers)
@@ -202,7 +221,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
     with tracking.run(EXPERIMENT, f"sft {cand}", tags={"ratchet.stage": "sft"}, dagster_run_id=context.run_id,
                     partition=cand) as run:
         run.log_params({"base": base, **settings.sft().__dict__})
-        res = sft_stage(base, rows, out_dir, settings)
+        res = sft_stage(base, rows, out_dir, settings, on_log=_log_steps(context, "sft"))
         run.log_params({"task_in_view": "hidden" if task_hidden(res.view) else "shown",
                         "actions": "rank" if rank_actions(res.view) else "env"})
         with warehouse.store().connect() as con:
@@ -254,7 +273,7 @@ def dpo_checkpoint(context: dg.AssetExecutionContext, config: DPOConfig, warehou
     with tracking.run(EXPERIMENT, f"dpo {cand}", tags={"ratchet.stage": "dpo"}, dagster_run_id=context.run_id,
                       partition=cand) as run:
         run.log_params({"start": sft["checkpoint_id"], **settings.__dict__})
-        res = train_dpo(sft["path"], pairs, out_dir, settings)
+        res = train_dpo(sft["path"], pairs, out_dir, settings, on_log=_log_steps(context, "dpo"))
         with warehouse.store().connect() as con:
             env = environment_digest(trajectory_environments(con, res.manifest["record_ids"]))
         out = _register(warehouse, context, run, "dpo", out_dir, parent=sft["path"], parent_id=sft["checkpoint_id"],

@@ -104,28 +104,81 @@ def cmd_scorecard(args) -> int:
     return 0
 
 
-def serve(cmd: list[str], env: dict, cwd: Path) -> int:
-    """Run a server in its own process group and stop the whole group when we are stopped:
-    SIGTERM / SIGINT / SIGHUP to `ratchet ui` used to leave the webserver and the code-server
-    children running."""
+def serve(cmd: list[str], env: dict, cwd: Path, grace_s: float = 20.0) -> int:
+    """Run a server in its own process group and stop the whole group when we are stopped.
+
+    A signal we receive is forwarded to the group and we wait for it to exit by itself: `dagster
+    dev` shuts its webserver, daemon and code servers down on SIGINT (SIGTERM is mapped to the
+    same handler), and every process of `mlflow ui` (uvicorn, its workers, the huey job consumers,
+    which outlive their parent when only it is signalled) exits on SIGTERM. SIGHUP is forwarded as
+    SIGTERM: neither server handles it. SIGKILL comes only if the group is still there `grace_s`
+    after the signal. The handler never waits itself: the main thread is inside Popen.wait() then,
+    holding the lock a nested wait needs, so waiting there always ran into the SIGKILL fallback."""
     import signal
+    import time
 
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True)
+    received: list[tuple[int, float]] = []
 
-    def stop(signum, _frame):
+    def forward(signum, _frame):
+        received.append((signum, time.monotonic()))
+        _signal_group(proc.pid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, forward) for sig in handled}
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if received and time.monotonic() - received[0][1] > grace_s:
+                    _signal_group(proc.pid, signal.SIGKILL)   # the last resort
+        # what the leader left behind (a child it did not stop) goes with it
+        deadline = (received[0][1] if received else time.monotonic()) + grace_s
+        if _group_alive(proc.pid) and not received:
+            _signal_group(proc.pid, signal.SIGTERM)
+        while _group_alive(proc.pid):
+            if time.monotonic() > deadline:
+                _signal_group(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.1)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 + received[0][0] if received else rc
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs. A zombie does not count: an orphan waits there
+    until the init process reaps it, which some container inits never do."""
+    proc = Path("/proc")
+    if not proc.is_dir():
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(pgid, 0)
         except ProcessLookupError:
+            return False
+        except PermissionError:
             pass
+        return True
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
         try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        raise SystemExit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, stop)
-    return proc.wait()
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
+        if state != "Z" and int(pgrp) == pgid:
+            return True
+    return False
 
 
 def cmd_ui(args) -> int:
@@ -138,14 +191,16 @@ def cmd_ui(args) -> int:
 
 
 def cmd_mlflow(args) -> int:
-    from ratchet.mlflow_store import tracking_uri
+    from ratchet.mlflow_store import UI_URL_ENV, UI_URL_FILE, record_ui_url, tracking_uri
 
     home = _home(args)
-    url = f"http://{args.host}:{args.port}"
+    url = record_ui_url(home, args.host, args.port)
     cmd = [str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", tracking_uri(home),
            "--host", args.host, "--port", str(args.port)]
-    print(f"MLflow UI on {url} (store {home.mlflow_db}); asset metadata links to $RATCHET_MLFLOW_UI_URL "
-          f"(default http://127.0.0.1:5000): export RATCHET_MLFLOW_UI_URL={url} if you serve elsewhere",
+    links = os.environ.get(UI_URL_ENV)
+    print(f"MLflow UI on {url} (store {home.mlflow_db}); asset metadata links to "
+          + (f"${UI_URL_ENV}={links}, which overrides this server's URL" if links else
+             f"this URL (recorded in {home.root / UI_URL_FILE}; ${UI_URL_ENV} overrides it)"),
           file=sys.stderr)
     return serve(cmd, {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}, home.root)
 
@@ -249,6 +304,28 @@ def cmd_holdout_show(args) -> int:
     return 1 if err else 0
 
 
+def cmd_holdout_restore(args) -> int:
+    from ratchet.governance.holdout import restore_holdout
+    from ratchet.governance.manifest import ManifestError
+    from ratchet.warehouse import Warehouse
+
+    home = _home(args)
+    path = _holdout_path(args, home)
+    wh = Warehouse(home.warehouse)
+    wh.ensure_schema()
+    try:
+        with wh.connect() as con:
+            m, row = restore_holdout(con, path, args.reason, args.actor)
+    except ManifestError as e:
+        print(f"ratchet holdout restore: {e}", file=sys.stderr)
+        return 2
+    print(f"holdout version {m.version} ({m.sha256[:12]}..., {len(m.task_ids)} tasks, "
+          f"{'locked' if m.locked else 'unlocked'}) restored to {path} from the warehouse by {row['actor']}: "
+          f"{row['reason']}", file=sys.stderr)
+    print(json.dumps(row, default=str))
+    return 0
+
+
 def cmd_holdout_unlock(args) -> int:
     from ratchet.governance.holdout import unlock_holdout
     from ratchet.governance.manifest import ManifestError
@@ -332,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--results-dir", help="the folder of recorded lines (default docs/results)")
     s.set_defaults(fn=cmd_results)
 
-    s = sub.add_parser("holdout", help="show or unlock the locked holdout manifest")
+    s = sub.add_parser("holdout", help="show, unlock or restore the locked holdout manifest")
     hs = s.add_subparsers(dest="holdout_cmd", required=True)
     h = hs.add_parser("show", help="verify the manifest against the warehouse and print it (exit 1 if tampered)")
     h.add_argument("--manifest", help="manifest path (default RATCHET_HOME/holdout_manifest.json)")
@@ -344,6 +421,13 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--actor", required=True, help="who (recorded in the audit log)")
     h.add_argument("--manifest", help="manifest path (default RATCHET_HOME/holdout_manifest.json)")
     h.set_defaults(fn=cmd_holdout_unlock)
+
+    h = hs.add_parser("restore", help="rewrite a deleted or edited manifest file from the warehouse's recorded "
+                                      "rows (audited); only the locked holdout can come back")
+    h.add_argument("--reason", required=True, help="why (recorded in the audit log)")
+    h.add_argument("--actor", required=True, help="who (recorded in the audit log)")
+    h.add_argument("--manifest", help="manifest path (default RATCHET_HOME/holdout_manifest.json)")
+    h.set_defaults(fn=cmd_holdout_restore)
     return p
 
 

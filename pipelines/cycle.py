@@ -232,10 +232,11 @@ def improvement_schedule(context: dg.ScheduleEvaluationContext):
 
 
 def run_cycle(instance: dg.DagsterInstance, defs: dg.Definitions, *, when: datetime | None = None,
-              settings=None, log=print) -> dict:
+              settings=None, log=print, run_config: dict | None = None) -> dict:
     """One cycle in-process, through the schedule's own request and the sensors' own follow-ups.
     Like the daemon, a request whose run key already has a successful run is not launched again,
     so a re-run (or a killed demo) resumes the cycle instead of training a second candidate.
+    `run_config` is merged into every run's (the demo's console logger level).
     Returns {"candidate", "runs": [(job, ok)], "promotion": the promotion's metadata, "ok"}."""
     from assets.promotion import promotion_job, promotion_sensor
 
@@ -257,7 +258,7 @@ def run_cycle(instance: dg.DagsterInstance, defs: dg.Definitions, *, when: datet
             queue += followups(instance, done, settings)
             continue
         t0 = time.monotonic()
-        res = _execute(instance, defs, req)
+        res = _execute(instance, defs, req, extra=run_config)
         runs.append((req.job_name, res.success))
         log(f"{req.job_name} {req.partition_key or ''}: {'ok' if res.success else 'FAILED'} "
             f"in {time.monotonic() - t0:.0f} s")
@@ -269,7 +270,7 @@ def run_cycle(instance: dg.DagsterInstance, defs: dg.Definitions, *, when: datet
             out = promotion_sensor(ctx)
             cursor = ctx.cursor
             for p in out if isinstance(out, list) else []:
-                pres = _execute(instance, defs, p, promotion_job.name)
+                pres = _execute(instance, defs, p, promotion_job.name, extra=run_config)
                 runs.append((promotion_job.name, pres.success))
                 if pres.success:
                     md = _metadata(pres.asset_materializations_for_node("promotion")[-1])
@@ -311,11 +312,11 @@ def _latest_eval_event(instance) -> str | None:
     return str(recs[0].storage_id) if recs else None
 
 
-def _execute(instance, defs, req: dg.RunRequest, default_job: str | None = None):
+def _execute(instance, defs, req: dg.RunRequest, default_job: str | None = None, extra: dict | None = None):
     job = defs.resolve_job_def(req.job_name or default_job)
     tags = {**req.tags, **({RUN_KEY: req.run_key} if req.run_key else {})}
-    return job.execute_in_process(instance=instance, run_config=req.run_config or {}, tags=tags,
-                                  partition_key=req.partition_key, raise_on_error=False)
+    return job.execute_in_process(instance=instance, run_config={**(extra or {}), **(req.run_config or {})},
+                                  tags=tags, partition_key=req.partition_key, raise_on_error=False)
 
 
 defs = dg.Definitions(jobs=[improvement_job], schedules=[improvement_schedule], sensors=[cycle_sensor])

@@ -14,13 +14,16 @@ Dagster instance under RATCHET_HOME (so `ratchet ui` shows the runs afterwards).
    reports and the promotion decision against the champion (the SBFL harness until something is
    promoted). `--no-train` skips it.
 6. Print the scorecard, the economics table, the promotion decision, where the checkpoints and
-   curves are, and how to open the UIs; the last line is JSON."""
+   curves are, and how to open the UIs; the last line is JSON. `--full` (the reference workload)
+   also writes the scorecard, with the commit, date, machine and command, to the repository's
+   docs/results/scorecard.md."""
 from __future__ import annotations
 
 import json
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 from ratchet.policy.runner import TURN_BUDGET
 
@@ -45,6 +48,9 @@ QUICK_TRAIN = {
     "rl_checkpoint": {"config": {"steps": 1, "tasks_per_step": 1, "group_size": 2, "max_tokens": 24, "max_turns": 2,
                                  "task_limit": 2}}}
 QUICK_POLICY: dict = {}
+# Every in-process run logs to the console at INFO (what each step did, RL's per-step line);
+# Dagster's DEBUG events (step started, output yielded, ...) stay in the run logs: `ratchet ui`.
+CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
 def _say(msg: str) -> None:
@@ -94,8 +100,7 @@ def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: in
     written = prepare_landing(home, size)
     _say(f"landing folder ready: {written}")
     job = defs.resolve_job_def("lifecycle_job")
-    run_config = {"loggers": {"console": {"config": {"log_level": "INFO"}}},
-                  "ops": {"task_suite": {"config": {"limit": size["problems"]}}}}
+    run_config = {**CONSOLE, "ops": {"task_suite": {"config": {"limit": size["problems"]}}}}
     tags = {"ratchet/trigger": "demo", "ratchet/size": "quick" if quick else "default"}
     with DagsterInstance.get() as instance:
         result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=run_config, tags=tags)
@@ -111,7 +116,8 @@ def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: in
         _say(f"evaluating {', '.join(DEMO_POLICIES)} x 3 seeds on the first {n} locked holdout tasks ({scope}), "
              f"<= {TURN_BUDGET} turns an episode for every policy (the training budget)")
         ok = run_evaluation(instance, defs.resources, policies=DEMO_POLICIES,
-                            holdout_config={"task_limit": n}, log=_say, tags=tags, report=not train)
+                            holdout_config={"task_limit": n}, log=_say, tags=tags, report=not train,
+                            run_config=CONSOLE)
         if not ok:
             _say("the evaluation failed; see `ratchet ui` for the step logs")
             return 1
@@ -119,15 +125,72 @@ def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: in
         if cycle is not None and not cycle["ok"]:
             _say(f"the improvement cycle failed ({cycle['runs']}); see `ratchet ui` for the step logs")
             return 1
-        if train and cycle is None and not run_evaluation(instance, defs.resources, policies=(), log=_say, tags=tags):
+        if train and cycle is None and not run_evaluation(instance, defs.resources, policies=(), log=_say, tags=tags,
+                                                          run_config=CONSOLE):
             _say("the evaluation reports failed; see `ratchet ui` for the step logs")
             return 1
     summary = collect_summary(home)
     report(home, cycle)
+    if full:
+        reference_scorecard(home, size, demo_command(tasks, eval_tasks, train), time.perf_counter() - t0)
     _say(f"done in {time.perf_counter() - t0:.0f} s")
     print(json.dumps({"demo": "ok", "warehouse": str(home.warehouse), **summary,
                       "cycle": _cycle_summary(cycle)}, default=str))
     return 0
+
+
+def demo_command(tasks: int | None, eval_tasks: int | None, train: bool) -> str:
+    """The `ratchet demo --full` command line that reproduces this run (RATCHET_HOME aside)."""
+    return " ".join(["ratchet", "demo", "--full", *(["--tasks", str(tasks)] if tasks else []),
+                     *(["--eval-tasks", str(eval_tasks)] if eval_tasks else []), *([] if train else ["--no-train"])])
+
+
+def reference_scorecard(home, size: dict, command: str, seconds: float) -> Path | None:
+    """After `--full`: the scorecard to docs/results/scorecard.md, when the run was the reference
+    workload (sizes overridden with --tasks / --eval-tasks are not) and the repository's docs
+    folder is here (an installed package has none)."""
+    from ratchet import results
+    from ratchet.evaluation.io import scorecard_text
+    from ratchet.warehouse import Warehouse
+
+    if size != REFERENCE:
+        _say(f"{command}: not the reference workload ({size} vs {REFERENCE}); "
+             f"{results.RESULTS_DIR / REFERENCE_SCORECARD} left as it is")
+        return None
+    if not results.RESULTS_DIR.parent.is_dir():
+        return None
+    path = write_reference_scorecard(scorecard_text(Warehouse(home.warehouse)), command, seconds=seconds)
+    _say(f"reference scorecard written to {path} (commit it with the code it describes)")
+    return path
+
+
+REFERENCE_SCORECARD = "scorecard.md"
+
+
+def write_reference_scorecard(scorecard: str, command: str, results_dir: Path | None = None, *,
+                              seconds: float | None = None, now: datetime | None = None) -> Path:
+    """docs/results/scorecard.md: a generated file. A header says what produced it (commit, date,
+    the machine's cores and memory, the command, the wall time), then the scorecard exactly as
+    `ratchet scorecard` prints it."""
+    from ratchet import results
+
+    results_dir = Path(results_dir) if results_dir is not None else results.RESULTS_DIR
+    c, m = results.commit(), results.machine()
+    when = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    sha = (c.get("commit") or "unknown") + (" (with uncommitted changes)" if c.get("dirty") else "")
+    mem = f"{m['mem_gib']} GiB memory" if m.get("mem_gib") is not None else "memory unknown"
+    head = [f"<!-- Generated by `{command}`; do not edit: run it again to refresh. -->",
+            "# Reference scorecard", "",
+            f"- command: `{command}`",
+            f"- commit: {sha}",
+            f"- date: {when.strftime('%Y-%m-%d %H:%M UTC')}",
+            f"- machine: {m.get('cores')} cores, {mem}" + (f", {m['cpu']}" if m.get("cpu") else "")
+            + (f", Python {m['python']}" if m.get("python") else ""),
+            *([f"- wall time: {seconds:.0f} s"] if seconds is not None else []), "", ""]
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / REFERENCE_SCORECARD
+    path.write_text("\n".join(head) + scorecard.rstrip("\n") + "\n")
+    return path
 
 
 def improvement_cycle(home, instance, defs, quick: bool, n: int) -> dict | None:
@@ -135,6 +198,7 @@ def improvement_cycle(home, instance, defs, quick: bool, n: int) -> dict | None:
     train-split trajectories gets a candidate; the champion phase resumes the baselines' rows."""
     from pipelines.cycle import run_cycle
     from ratchet.cycle import CycleSettings
+    from ratchet.training.quiet import quiet_libraries
 
     counts = training_counts(home)
     if not counts:
@@ -152,7 +216,9 @@ def improvement_cycle(home, instance, defs, quick: bool, n: int) -> dict | None:
     settings = CycleSettings(tenant=tenant, candidate="train", eval_task_limit=1 if quick else n, lifecycle=False,
                              ops=QUICK_TRAIN if quick else TRAIN, policy_kwargs=QUICK_POLICY if quick else {})
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
-    out = run_cycle(instance, defs, settings=settings, when=today, log=_say)   # one demo candidate a day: a re-run resumes
+    quiet_libraries()   # the trainer's log dicts and weight-loading bars stay off the console
+    # one demo candidate a day: a re-run resumes
+    out = run_cycle(instance, defs, settings=settings, when=today, log=_say, run_config=CONSOLE)
     out["tenant"], out["training_trajectories"], out["training_data"] = tenant, n_rows, counts
     return out
 

@@ -65,6 +65,10 @@ class IngestOptions:
     origin: str = "cli"               # cli | dagster | sensor | bench
     workers: int = 0                  # normalising processes for large inputs; 0 = one per core
     dagster_run_id: str | None = None
+    # Files under the landing folder are recorded (ingest_files.landing_file, the quarantine id)
+    # by their path relative to it, so a moved or copied home knows what it read. Default: the
+    # landing folder of the home the warehouse is in (RATCHET_HOME/warehouse.duckdb -> ./landing).
+    landing: str | None = None
 
 
 @dataclass
@@ -189,7 +193,11 @@ def compact(warehouse: Warehouse, min_parts: int = 2) -> dict:
 
 
 _FILE_COLUMNS = ("batch_id", "source_file", "size_bytes", "mtime_ns", "sha256", "read", "accepted", "quarantined",
-                 "duplicates", "status", "skip_reason", "skip_detail", "compression", "encoding")
+                 "duplicates", "status", "skip_reason", "skip_detail", "compression", "encoding", "landing_file")
+
+
+def landing_folder(warehouse: Warehouse, opts: IngestOptions) -> Path:
+    return Path(opts.landing) if opts.landing else warehouse.path.parent / "landing"
 
 
 def _ingest(files, skipped, paths, warehouse: Warehouse, opts: IngestOptions, progress, pool, workers: int,
@@ -218,7 +226,8 @@ def _ingest(files, skipped, paths, warehouse: Warehouse, opts: IngestOptions, pr
         for f in sorted(report_files):  # read as side inputs of predictions: recorded, so no one re-reads them
             st = check_regular(f)
             file_rows.append((str(f), st.st_size, st.st_mtime_ns, _file_sha(f), "side_input", None, None, None, None))
-        writer = BatchWriter(warehouse, summary, now, staging)
+        landing = landing_folder(warehouse, opts)
+        writer = BatchWriter(warehouse, summary, now, staging, landing=landing)
         max_bytes = int(opts.max_record_mb * 2**20)
         total = sum(_size(f) for f, _ in files)
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="ingest", disable=progress is not True)
@@ -264,7 +273,7 @@ def _ingest(files, skipped, paths, warehouse: Warehouse, opts: IngestOptions, pr
         if not summary.consistent:  # never silently: the invariant is the product's promise
             raise RuntimeError(f"ingest invariant read == accepted + quarantined + duplicates broken: {summary.as_dict()}")
         summary.seconds = round(time.perf_counter() - t0, 3)
-        table = _file_table(summary.batch_id, file_rows, per_file)
+        table = _file_table(summary.batch_id, file_rows, per_file, landing)
         batch_row = [summary.batch_id, opts.origin, opts.dagster_run_id, now, datetime.now(timezone.utc),
                      [str(p) for p in paths], opts.tenant_id, opts.consent_id, summary.read, summary.accepted,
                      summary.quarantined, summary.duplicates, 0, None]
@@ -301,12 +310,15 @@ def _skip(f: Path, code: str, detail: str):
     return Skipped(f, code, detail)
 
 
-def _file_table(batch_id: str, file_rows: list[tuple], per_file: dict) -> pa.Table:
+def _file_table(batch_id: str, file_rows: list[tuple], per_file: dict, landing: Path) -> pa.Table:
+    from ratchet.landing import landing_key
+
     cols: dict[str, list] = {k: [] for k in _FILE_COLUMNS}
     for name, size, mtime, sha, status, reason, detail, compression, encoding in file_rows:
         c = per_file.get(name, Counter()) if status == "read" else Counter()
         for k, v in zip(_FILE_COLUMNS, (batch_id, name, size, mtime, sha, c["read"], c["accepted"], c["quarantined"],
-                                        c["duplicates"], status, reason, detail, compression, encoding)):
+                                        c["duplicates"], status, reason, detail, compression, encoding,
+                                        landing_key(name, landing))):
             cols[k].append(v)
     types = {"size_bytes": pa.int64(), "mtime_ns": pa.int64(), "read": pa.int64(), "accepted": pa.int64(),
              "quarantined": pa.int64(), "duplicates": pa.int64()}

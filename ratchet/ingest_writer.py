@@ -21,8 +21,10 @@ class BatchWriter:
     """Dedups chunks against the batch and the warehouse, stages them, keeps the counts. Nothing
     it writes is visible before `Warehouse.commit_batch`."""
 
-    def __init__(self, wh: Warehouse, summary, now: datetime, staging: Path):
+    def __init__(self, wh: Warehouse, summary, now: datetime, staging: Path, landing: Path | None = None):
         self.wh, self.s, self.now, self.staging = wh, summary, now, staging
+        self.landing = landing
+        self._file_keys: dict[str, str] = {}
         self.seen: set[str] = wh.trajectory_ids()
         with wh.connect() as con:
             self.seen.update(r[0] for r in con.execute("SELECT quarantine_id FROM quarantine").fetchall())
@@ -78,8 +80,10 @@ class BatchWriter:
         for raw, code, detail, fmt in res.bad:
             self.s.quarantine_reasons[code] = self.s.quarantine_reasons.get(code, 0) + 1
             sha = raw.sha256 or hashlib.sha256(raw.payload).hexdigest()
-            qid = hashlib.sha256(f"{raw.file}\0{raw.line}\0{sha}".encode()).hexdigest()
-            if qid in seen:
+            qid = hashlib.sha256(f"{self._file_key(raw.file)}\0{raw.line}\0{sha}".encode()).hexdigest()
+            # a row quarantined before ids used the landing-relative name had the absolute one
+            legacy = hashlib.sha256(f"{raw.file}\0{raw.line}\0{sha}".encode()).hexdigest()
+            if qid in seen or legacy in seen:
                 self._bump("duplicates", 1)
                 continue
             seen.add(qid)
@@ -92,6 +96,17 @@ class BatchWriter:
             self.qbytes += len(raw.payload)
         if len(self.qrows) >= 1024 or self.qbytes >= 64 << 20:
             self.flush()
+
+    def _file_key(self, file: str) -> str:
+        """How the quarantine id names a file: its path relative to the landing folder (the same
+        bad line in a moved or copied home is the same row), else its absolute path."""
+        key = self._file_keys.get(file)
+        if key is None:
+            from ratchet.landing import landing_key
+
+            rel = landing_key(file, self.landing) if self.landing is not None else None
+            key = self._file_keys[file] = f"landing:{rel}" if rel is not None else str(file)
+        return key
 
     def _flush_rows(self) -> None:
         if self.buffer:

@@ -7,7 +7,11 @@ appeared in the project folder); it is created here with its default artifact ro
 home. (2) After the home folder moves, every recorded location points at the old place; the
 home's last location is kept in `.location` and, on the next use, recorded locations under the
 old root are rewritten to the new one (one SQL UPDATE per table, in the sqlite file itself:
-MLflow has no API to change an experiment's artifact location)."""
+MLflow has no API to change an experiment's artifact location).
+
+Links to the MLflow UI (asset metadata) name the server `ratchet mlflow` last started for this
+home: it records its URL in RATCHET_HOME/mlflow_ui_url. `ui_url` resolves, first found:
+$RATCHET_MLFLOW_UI_URL, that recorded URL, http://127.0.0.1:5000 (`ratchet mlflow`'s default)."""
 from __future__ import annotations
 
 import os
@@ -19,15 +23,55 @@ _TABLES = (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("mod
            ("model_versions", "source"))
 
 
+UI_URL_ENV = "RATCHET_MLFLOW_UI_URL"
+UI_URL_FILE = "mlflow_ui_url"          # under RATCHET_HOME, written by `ratchet mlflow`
+DEFAULT_UI_URL = "http://127.0.0.1:5000"
+
+
+def serving_url(host: str, port: int) -> str:
+    """The URL a browser on this machine opens for a server bound to host:port (a wildcard bind
+    is reached through the loopback address)."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def record_ui_url(home: Home, host: str, port: int) -> str:
+    """Record where `ratchet mlflow` serves this home's store; returns the URL."""
+    url = serving_url(host, port)
+    home.root.mkdir(parents=True, exist_ok=True)
+    (home.root / UI_URL_FILE).write_text(url + "\n")
+    return url
+
+
+def ui_url(home: Home) -> str:
+    """Base URL of the MLflow UI for links: $RATCHET_MLFLOW_UI_URL, else the URL `ratchet mlflow`
+    recorded for this home, else the default."""
+    url = os.environ.get(UI_URL_ENV)
+    if not url:
+        try:
+            url = (home.root / UI_URL_FILE).read_text().strip()
+        except OSError:
+            url = ""
+    return (url or DEFAULT_UI_URL).rstrip("/")
+
+
 def tracking_uri(home: Home) -> str:
     """sqlite URI of the home's store, created and relocated as needed."""
     uri = f"sqlite:///{home.mlflow_db}"
     if not home.mlflow_db.exists():
         home.root.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        import logging
+
         from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-        SqlAlchemyStore(uri, default_artifact_root=home.artifacts.as_uri())  # creates tables + Default experiment
+        db_log = logging.getLogger("mlflow.store.db.utils")   # "Creating initial MLflow database tables..."
+        level = db_log.level
+        db_log.setLevel(logging.WARNING)
+        try:
+            SqlAlchemyStore(uri, default_artifact_root=home.artifacts.as_uri())  # creates tables + Default experiment
+        finally:
+            db_log.setLevel(level)
     relocate(home)
     return uri
 

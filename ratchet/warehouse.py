@@ -50,7 +50,8 @@ QUARANTINE_SCHEMA = pa.schema([
 # Added after v1 (ALTER TABLE on existing warehouses): a truncated line later completed and accepted.
 QUARANTINE_LATE_DDL = ("superseded_by VARCHAR", "superseded_at TIMESTAMPTZ")
 INGEST_FILES_LATE_DDL = ("status VARCHAR", "skip_reason VARCHAR", "skip_detail VARCHAR", "compression VARCHAR",
-                         "encoding VARCHAR")
+                         "encoding VARCHAR",
+                         "landing_file VARCHAR")   # path relative to the landing folder (ratchet.landing)
 LAKE_PARTS_DDL = """
 CREATE TABLE IF NOT EXISTS lake_parts (
   name VARCHAR PRIMARY KEY, batch_id VARCHAR, "rows" BIGINT, bytes BIGINT, added_at TIMESTAMPTZ)

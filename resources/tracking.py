@@ -16,7 +16,8 @@ class MlflowTracking(ConfigurableResource):
     home: str | None = None                 # default: RATCHET_HOME
     tracking_uri: str | None = None         # default: sqlite:///$RATCHET_HOME/mlflow.db (created movable)
     ui_url: str | None = None               # where the MLflow UI serves; default $RATCHET_MLFLOW_UI_URL,
-                                            # else http://127.0.0.1:5000 (`ratchet mlflow` serves there)
+                                            # else where `ratchet mlflow` last served this home
+                                            # (RATCHET_HOME/mlflow_ui_url), else http://127.0.0.1:5000
 
     def _uri(self) -> str:
         from ratchet.mlflow_store import tracking_uri
@@ -24,7 +25,9 @@ class MlflowTracking(ConfigurableResource):
         return self.tracking_uri or tracking_uri(get_home(self.home))
 
     def ui(self) -> str:
-        return (self.ui_url or os.environ.get("RATCHET_MLFLOW_UI_URL") or "http://127.0.0.1:5000").rstrip("/")
+        from ratchet.mlflow_store import ui_url
+
+        return self.ui_url.rstrip("/") if self.ui_url else ui_url(get_home(self.home))
 
     def client(self):
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")

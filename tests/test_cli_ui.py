@@ -1,4 +1,5 @@
-"""`ratchet ui` serves the Dagster UI and stops every child when it is stopped (SIGTERM)."""
+"""`ratchet ui` and `ratchet mlflow` serve their UIs and, on SIGTERM, stop with every child by
+themselves, well before the SIGKILL fallback (20 s after the signal)."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,31 +23,122 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_sigterm_to_ratchet_ui_stops_the_webserver(tmp_path):
+# The servers' own shutdown takes a few seconds (measured 2-7 s on a loaded 2-core machine); the
+# SIGKILL fallback fires 20 s after the signal, so an exit before this shows nothing was killed.
+CLEAN_EXIT_S = 15
+
+
+def _serve_then_sigterm(tmp_path, cmd: str, path: str, start_s: float, while_serving=None) -> None:
     port = _free_port()
     env = {**os.environ, "RATCHET_HOME": str(tmp_path / "home")}
     env.pop("DAGSTER_HOME", None)
-    p = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ui", "--port", str(port)], cwd=REPO, env=env,
+    env.pop("RATCHET_MLFLOW_UI_URL", None)
+    p = subprocess.Popen([sys.executable, "-m", "pipelines.cli", cmd, "--port", str(port)], cwd=REPO, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + start_s
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
                     assert r.status == 200
                     break
             except OSError:
-                assert p.poll() is None, "ratchet ui exited before serving"
-                assert time.monotonic() < deadline, "the Dagster UI did not come up in 120 s"
+                assert p.poll() is None, f"ratchet {cmd} exited before serving"
+                assert time.monotonic() < deadline, f"ratchet {cmd} did not come up in {start_s:.0f} s"
                 time.sleep(1)
+        if while_serving is not None:
+            while_serving(port)
         children = psutil.Process(p.pid).children(recursive=True)
-        assert children, "the webserver runs as a child process"
+        assert children, "the server runs as a child process"
+        t0 = time.monotonic()
         p.send_signal(signal.SIGTERM)
-        p.wait(timeout=60)
+        assert p.wait(timeout=60) == 128 + signal.SIGTERM
+        took = time.monotonic() - t0
         gone, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"left running after SIGTERM: {[c.pid for c in alive]}"
+        assert took < CLEAN_EXIT_S, f"ratchet {cmd} took {took:.1f} s to stop: the SIGKILL fallback, not a clean exit"
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, "the port is still served"
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_sigterm_to_ratchet_ui_stops_the_webserver(tmp_path):
+    _serve_then_sigterm(tmp_path, "ui", "/server_info", start_s=120)
+
+
+@pytest.mark.slow   # ~65 s, mostly `mlflow ui` starting; the synthetic server below covers serve() in 2 s
+def test_sigterm_to_ratchet_mlflow_stops_uvicorn_and_the_job_consumers(tmp_path, monkeypatch):
+    monkeypatch.delenv("RATCHET_MLFLOW_UI_URL", raising=False)
+
+    def links_name_this_server(port):
+        # asset metadata links go where `ratchet mlflow` serves, whatever port it was given
+        from ratchet.home import get_home
+        from ratchet.mlflow_store import ui_url
+
+        assert ui_url(get_home(tmp_path / "home")) == f"http://127.0.0.1:{port}"
+
+    _serve_then_sigterm(tmp_path, "mlflow", "/health", start_s=180, while_serving=links_name_this_server)
+
+
+# A server like `mlflow ui`: the leader exits on SIGTERM at once; its child (in the same process
+# group, as uvicorn and the job consumers are) takes a moment to shut down cleanly, or ignores
+# SIGTERM altogether.
+_SERVER = """
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+while True:
+    time.sleep(0.1)
+"""
+_CHILD = """
+import os, signal, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+def stop(*a):
+    time.sleep(1)
+    (out / "clean").write_text("1")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if (out / "ignore").exists() else stop)
+(out / "child.pid").write_text(str(os.getpid()))
+while True:
+    time.sleep(0.1)
+"""
+
+
+def _serve_synthetic(tmp_path, grace_s: float) -> tuple[int, float, int]:
+    (tmp_path / "server.py").write_text(_SERVER)
+    runner = ("import os, sys; from pipelines.cli import serve; "
+              f"sys.exit(serve([sys.executable, {str(tmp_path / 'server.py')!r}, {_CHILD!r}, {str(tmp_path)!r}], "
+              f"dict(os.environ), {str(tmp_path)!r}, grace_s={grace_s}))")
+    p = subprocess.Popen([sys.executable, "-c", runner], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "child.pid").exists():
+            assert p.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        child = int((tmp_path / "child.pid").read_text())
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=60)
+        return rc, time.monotonic() - t0, child
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_serve_forwards_sigterm_to_the_group_and_waits_for_a_clean_exit(tmp_path):
+    rc, took, child = _serve_synthetic(tmp_path, grace_s=20)
+    assert rc == 128 + signal.SIGTERM
+    assert (tmp_path / "clean").exists(), "the child got the signal and shut down by itself"
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert took < 10, f"{took:.1f} s: waited for the SIGKILL fallback instead of the child's exit"
+
+
+def test_serve_kills_what_ignores_sigterm_after_the_grace_period(tmp_path):
+    (tmp_path / "ignore").write_text("1")
+    rc, took, child = _serve_synthetic(tmp_path, grace_s=2)
+    assert rc == 128 + signal.SIGTERM and 2 <= took < 15
+    assert not (tmp_path / "clean").exists()
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE

@@ -111,13 +111,16 @@ class DPOResult:
 
 
 def train_dpo(base: str | Path, pairs: Sequence[tuple[Mapping, Mapping]], out_dir: str | Path,
-              settings: DPOSettings = DPOSettings(), *, model=None, tokenizer=None) -> DPOResult:
+              settings: DPOSettings = DPOSettings(), *, model=None, tokenizer=None, on_log=None) -> DPOResult:
     import torch
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
     from ratchet.policy.embedded.model import load_policy, maybe_lora, merged
     from ratchet.training.data import data_manifest
+    from ratchet.training.quiet import quiet_libraries, quiet_trainer
+
+    quiet_libraries()
 
     class _PreTokenized(DPOTrainer):
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
@@ -148,6 +151,7 @@ def train_dpo(base: str | Path, pairs: Sequence[tuple[Mapping, Mapping]], out_di
     trainer = _PreTokenized(model=model, ref_model=ref, args=cfg, train_dataset=Dataset.from_list(examples),
                             processing_class=tokenizer,
                             data_collator=_collator(tokenizer.pad_token_id, settings.max_length))
+    quiet_trainer(trainer, on_log)      # log dicts to `on_log` (the Dagster step log), not printed
     c0, t0 = time.process_time(), time.monotonic()
     trainer.train()
     cpu_s, wall_s = time.process_time() - c0, time.monotonic() - t0

@@ -339,7 +339,9 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
     from ratchet.policy.engines.transformers_engine import TransformersPolicy
     from ratchet.policy.rollout_pool import RolloutPool
     from ratchet.policy.runner import Sampling, run_episodes
+    from ratchet.training.quiet import quiet_libraries
 
+    quiet_libraries()          # no weight-loading bars here or in the rollout workers
     torch.set_num_threads(settings.threads)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -92,11 +92,16 @@ def build_dataset(rows: Sequence[Mapping], tokenizer, *, max_length: int | None 
     return Dataset.from_list(examples), ids
 
 
-def make_trainer(model, tokenizer, dataset, out_dir: str | Path, settings: SFTSettings = SFTSettings()):
-    """A TRL SFTTrainer on a pre-tokenised dataset with CPU-sane settings (see module doc)."""
+def make_trainer(model, tokenizer, dataset, out_dir: str | Path, settings: SFTSettings = SFTSettings(),
+                 on_log=None):
+    """A TRL SFTTrainer on a pre-tokenised dataset with CPU-sane settings (see module doc); its log
+    dicts go to `on_log` (a step's loss, grad norm, ...), never to the console (ratchet.training.quiet)."""
     import torch
     from trl import SFTConfig, SFTTrainer
 
+    from ratchet.training.quiet import quiet_libraries, quiet_trainer
+
+    quiet_libraries()
     torch.set_num_threads(settings.threads)
     cfg = SFTConfig(
         output_dir=str(out_dir), num_train_epochs=settings.epochs, max_steps=settings.max_steps,
@@ -108,17 +113,22 @@ def make_trainer(model, tokenizer, dataset, out_dir: str | Path, settings: SFTSe
         use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, report_to=[],
         disable_tqdm=True, dataloader_num_workers=0, assistant_only_loss=False, packing=False,
         **settings.overrides)
-    return SFTTrainer(model=model, args=cfg, train_dataset=dataset, processing_class=tokenizer)
+    return quiet_trainer(SFTTrainer(model=model, args=cfg, train_dataset=dataset, processing_class=tokenizer), on_log)
 
 
 def train_sft(base: str | Path, rows: Sequence[Mapping], out_dir: str | Path,
-              settings: SFTSettings = SFTSettings(), *, tokenizer=None, model=None, view: dict | None = None) -> SFTResult:
+              settings: SFTSettings = SFTSettings(), *, tokenizer=None, model=None, view: dict | None = None,
+              on_log=None) -> SFTResult:
     """Fine-tune the checkpoint at `base` on `rows` (one tenant's `tenant_training_rows`) and save
     the result to `out_dir` with `ratchet_checkpoint.json` (parent, data manifest, settings,
     losses, CPU seconds). `model`/`tokenizer` skip loading `base` (tests pass in-memory ones).
-    `view`: the observation view to render with (`chat.make_view`; save it with the checkpoint)."""
+    `view`: the observation view to render with (`chat.make_view`; save it with the checkpoint).
+    `on_log`: gets each logging step's dict (the Dagster step log); nothing is printed."""
     from ratchet.policy.embedded.model import load_policy, maybe_lora, merged
     from ratchet.training.data import data_manifest
+    from ratchet.training.quiet import quiet_libraries
+
+    quiet_libraries()          # before the load: its "Loading weights" bar
 
     if model is None or tokenizer is None:
         model, tokenizer = load_policy(base)
@@ -128,7 +138,7 @@ def train_sft(base: str | Path, rows: Sequence[Mapping], out_dir: str | Path,
     by_id = {r["record_id"]: r for r in rows}
     manifest = data_manifest([by_id[i] for i in used])
     out = Path(out_dir)
-    trainer = make_trainer(model, tokenizer, dataset, out / "trainer", settings)
+    trainer = make_trainer(model, tokenizer, dataset, out / "trainer", settings, on_log=on_log)
     c0, t0 = time.process_time(), time.monotonic()
     trainer.train()
     cpu_s, wall_s = time.process_time() - c0, time.monotonic() - t0

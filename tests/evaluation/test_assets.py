@@ -92,6 +92,11 @@ def test_holdout_eval_partitions_then_summary_economics_scorecard(holdout, home,
     assert "| task success" in md and "harness:sbfl" in md and "scripted:noisy" in md
     sc = res.asset_materializations_for_node("scorecard")[0].metadata
     assert "data:image/png;base64," in sc["chart"].value and "mlflow_run" in sc
+    # the run id rebuilds the link wherever the MLflow UI serves; the path holds after the home moves
+    assert sc["mlflow_run"].value.endswith("/runs/" + sc["mlflow_run_id"].value)
+    from assets.evaluation import SCORECARD_PATH_KEY
+
+    assert sc[SCORECARD_PATH_KEY].value == "scorecard.md" and "path" not in sc
     assert list((home.root / "artifacts").glob("scorecard-*.png"))
 
 
@@ -129,11 +134,22 @@ def test_run_evaluation_is_what_the_demo_calls(holdout, home, capsys):
     from resources import MlflowTracking, WarehouseResource
 
     res = {"warehouse": WarehouseResource(home=str(home.root)), "tracking": MlflowTracking(home=str(home.root))}
-    ok = run_evaluation(DagsterInstance.ephemeral(), res, policies=("scripted:expert",), seeds=("0",),
+    instance = DagsterInstance.ephemeral()
+    ok = run_evaluation(instance, res, policies=("scripted:expert",), seeds=("0",),
                         holdout_config={"workers": 1, "task_limit": 1},
                         report_ops={"scorecard": {"config": {"mlflow": False}},
                                     "judge_calibration": {"config": {"n_boot": 100, "max_items": 50}}})
     assert ok and "holdout_eval scripted:expert seed 0: ok" in capsys.readouterr().out
+    # the run list names them (an anonymous materialize shows as __ephemeral_asset_job__), and the
+    # report run carries the judge's kappa checks as before
+    runs = instance.get_runs()
+    assert sorted(r.job_name for r in runs) == ["evaluation_report_job", "holdout_eval_job"]
+    report = next(r for r in runs if r.job_name == "evaluation_report_job")
+    from dagster import DagsterEventType
+
+    evals = instance.get_records_for_run(report.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
+    checks = {r.event_log_entry.dagster_event.event_specific_data.check_name for r in evals}
+    assert checks == {"judge_kappa_drift", "judge_kappa_gate"}, checks
     from ratchet.evaluation.io import scorecard_text
 
     wh, _, _ = holdout

@@ -60,3 +60,20 @@ def test_edited_rows_cannot_restore_anything(con, home):
 def test_nothing_to_restore_without_a_lock(con, home):
     with pytest.raises(ManifestError, match="nothing to restore"):
         holdout.restore_holdout(con, home.root / "holdout_manifest.json", reason="r", actor="a")
+
+
+def test_cli_restores_a_deleted_manifest(home, capsys):
+    from pipelines.cli import main
+    from ratchet.warehouse import Warehouse
+
+    wh = Warehouse(home.warehouse)
+    wh.ensure_schema()
+    path = home.root / "holdout_manifest.json"
+    with wh.connect() as c:
+        m = holdout.lock_holdout(c, path, ["a", "b"], locked_by="test")
+    path.unlink()
+    assert main(["--home", str(home.root), "holdout", "show"]) == 1
+    assert main(["--home", str(home.root), "holdout", "restore", "--reason", "deleted", "--actor", "ops"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["event"] == "restore"
+    assert main(["--home", str(home.root), "holdout", "show", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sha256"] == m.sha256

@@ -138,6 +138,8 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
     for k in stages:
         assert mats[k]["learning_curve"].value.startswith("![learning curve](data:image/png;base64,")
         assert "/#/experiments/" in mats[k]["mlflow_run"].value
+        assert mats[k]["mlflow_run"].value.endswith("/runs/" + mats[k]["mlflow_run_id"].value)
+        assert not any(str(v).startswith("/") for v in mats[k]["lineage"].value.values()), "paths: relative to the home"
     assert mats["rl_checkpoint"]["steps"].value == 2
     for k in stages:                                 # each stage says what the gate read
         assert mats[k]["gate"].value["contamination"]["passed"] is True, k
