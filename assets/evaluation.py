@@ -254,7 +254,7 @@ class ScorecardConfig(dg.Config):
 
 
 @dg.asset(group_name="evaluation", owners=OWNERS["evaluation"], deps=[eval_summary, economics],
-          kinds={"duckdb", "mlflow"}, description="SPEC's scorecard: Markdown (metadata, RATCHET_HOME/scorecard.md, "
+          kinds={"duckdb", "mlflow"}, description="The scorecard: Markdown (metadata, RATCHET_HOME/scorecard.md, "
                                                  "MLflow artifact) and a PNG of pass rates with CI bars.")
 def scorecard(context: dg.AssetExecutionContext, config: ScorecardConfig, warehouse: WarehouseResource,
               tracking: MlflowTracking) -> dg.MaterializeResult:

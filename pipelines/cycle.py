@@ -1,4 +1,4 @@
-"""The recurring improvement run (issue 13, item 6): one cycle per tick, each against the champion
+"""The recurring improvement run: one cycle per tick, each against the champion
 of the day.
 
     improvement_schedule (weekly by default; RATCHET_HOME/cycle.yaml, RATCHET_CYCLE_CRON)

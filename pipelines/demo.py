@@ -28,18 +28,15 @@ from pathlib import Path
 from ratchet.policy.runner import TURN_BUDGET
 
 QUICK = {"problems": 12, "tasks": 16, "eval_tasks": 4}
-# The agents' logs are sized for the candidate's training data. Measured at 360 tasks (a clean
-# clone, 2026-12-01): the largest tenant had 36 consented, accepted train-split trajectories, 21 of
-# them from the structured agent (the tools the policy is offered: the rows its SFT uses; below
-# RecipeSettings.min_structured = 8 it falls back to every row, which made the demo's SFT worse
-# than no training; at 120 tasks with this tenant mix it had 7, in the make demo of 2026-12-01
-# 06:03). `make demo` took 680 s from a clean clone at 360 tasks, once the sandbox's scratch walk
-# stopped entering a venv under /tmp (935 s before); `--full` runs 600: globex 52 (28 structured).
+# The agents' logs are sized for the candidate's training data: at 360 tasks the largest tenant
+# has a few dozen consented, accepted train-split trajectories, enough of them from the structured
+# agent (the tools the policy is offered) to stay above RecipeSettings.min_structured; at 120
+# tasks it fell below, and the fallback to every row made the demo's SFT worse than no training.
 FULL = {"problems": None, "tasks": 360, "eval_tasks": 20}
 REFERENCE = {"problems": None, "tasks": 600, "eval_tasks": 400}
 DEMO_POLICIES = ("harness:random", "harness:sbfl", "scripted:expert")
-# The demo candidate's training, sized for the 15-minute budget on 2 cores (docs/training.md has
-# the learning bench's larger runs). Quick: a smoke-sized model and a step or two.
+# The demo candidate's training, sized for the 15-minute budget on 2 cores (bench/learning.py runs
+# the larger recipe). Quick: a smoke-sized model and a step or two.
 TRAIN = {"rl_checkpoint": {"config": {"steps": 4, "tasks_per_step": 2, "group_size": 6}}}   # RecipeSettings.demo()
 QUICK_TRAIN = {
     "base_policy": {"config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -277,7 +274,7 @@ def report(home, cycle: dict | None) -> None:
 
 
 def column_legend(home, cycle: str) -> list[tuple[str, str]]:
-    """(policy id, what it is) for the cycle's learned columns: SPEC's prompted baseline, SFT and
+    """(policy id, what it is) for the cycle's learned columns: the prompted baseline, SFT and
     RL candidate (the scorecard names policies by id)."""
     from ratchet.cycle import base_policy_id, checkpoint_policy_id, read_pointer
 

@@ -168,8 +168,8 @@ def ingest(paths: list[str | os.PathLike], warehouse: Warehouse, options: Ingest
         from concurrent.futures import ProcessPoolExecutor
 
         # spawn: forking a threaded Dagster/DuckDB process is unsafe. ProcessPoolExecutor, not
-        # multiprocessing.Pool: a Pool whose worker dies waits forever (a full test run hung so,
-        # 2026-11-30); the executor raises BrokenProcessPool and the range runs here instead.
+        # multiprocessing.Pool: a Pool whose worker dies waits forever (a full test run hung so);
+        # the executor raises BrokenProcessPool and the range runs here instead.
         # Started first and warmed up (imports) while this process opens the warehouse.
         pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=worker_init)
         for _ in range(workers):

@@ -7,7 +7,7 @@ governed rows, with the loss on policy tokens only.
 A pair shares the prompt (system + issue: the environment's, identical for one task); the
 preferred side is an accepted trajectory (tests pass, scored), the rejected side one of the same
 task that was not. TRL's preference collator counts every token after the prompt, tool outputs
-included (PITFALLS); here the pair is pre-tokenised through the same seam as SFT and a collator
+included (verified against TRL 1.16); here the pair is pre-tokenised through the same seam as SFT and a collator
 subclass turns the completion mask into the assistant mask, so the environment's text never
 enters the log-ratio. Kept in this one file: TRL's trainer internals are an experimental API.
 """

@@ -15,11 +15,11 @@ the next batch is the one an uninterrupted run would have drawn (tests/training/
 
 Why a hand-written loop and not TRL's GRPOTrainer(rollout_func) (TRL 1.16, checked here):
 - `rollout_func(prompts, trainer)` receives only the prompts, already repeated `num_generations`
-  times; other dataset columns never reach it (PITFALLS, verified). A sandbox episode needs its
+  times; other dataset columns never reach it (verified against TRL 1.16). A sandbox episode needs its
   task bundle and an episode seed, which would have to be smuggled through the message text and
   parsed back, and the per-episode seeds would come from the HF sampler's hidden state rather
   than from an explicit cursor that a resume test can compare.
-- Measured on this kind of machine (PITFALLS, TRL 1.16, 0.8M-param model, batch 8): TRL GRPO
+- Measured on a 2-core CPU machine (TRL 1.16, 0.8M-param model, batch 8): TRL GRPO
   0.6-0.7 steps/s, generation ~75% of the step, and a hand-written loop 10-15% faster. Here the
   rollout is the sandbox runner's batched multi-turn engine anyway, so TRL would contribute the
   ~30 lines of `token_loss` we already test by hand, at the cost of an experimental API.

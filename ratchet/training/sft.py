@@ -11,7 +11,7 @@ calls carry no loss). The dataset is pre-tokenised, so TRL's own `assistant_only
 (which re-renders messages through a chat template) stays off; the mask is the same one, built
 once (tests/training/test_examples.py checks it against `apply_chat_template`).
 
-CPU settings follow PITFALLS: bf16 and gradient checkpointing off (~10x slower on CPU otherwise),
+CPU settings: bf16 and gradient checkpointing off (~10x slower on CPU otherwise),
 `use_cpu`, and an explicit torch thread count.
 """
 from __future__ import annotations
