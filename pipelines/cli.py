@@ -228,6 +228,7 @@ def _bench_recorded(name: str, path: Path, rest: list[str], results_dir: Path | 
     from ratchet import results
 
     results_dir = results_dir or results.RESULTS_DIR
+    vcs = results.commit()      # what ran: the tree may change while a long bench runs
     started, load0, t0 = datetime.now(timezone.utc), os.getloadavg(), time.monotonic()
     proc = subprocess.Popen([sys.executable, "-u", str(path), *rest], cwd=REPO, stdout=subprocess.PIPE, text=True)
     out = []
@@ -243,7 +244,7 @@ def _bench_recorded(name: str, path: Path, rest: list[str], results_dir: Path | 
     if result is None:
         print(f"ratchet bench: {name} printed no final JSON line; nothing recorded", file=sys.stderr)
         return 1
-    rec = results.make_record(name, rest, result, started, time.monotonic() - t0, load0, os.getloadavg())
+    rec = results.make_record(name, rest, result, started, time.monotonic() - t0, load0, os.getloadavg(), vcs=vcs)
     where = results.append_record(rec, results_dir)
     page = results.write_page(results_dir)
     print(f"recorded in {where}; results page {page}", file=sys.stderr)

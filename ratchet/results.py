@@ -171,9 +171,10 @@ def last_json_line(text: str) -> dict | None:
 
 
 def make_record(bench: str, argv: list[str], result: dict, started: datetime, wall_s: float,
-                load_before: tuple, load_after: tuple, repo: Path = REPO) -> dict:
+                load_before: tuple, load_after: tuple, repo: Path = REPO, vcs: dict | None = None) -> dict:
+    """`vcs`: `commit()` taken when the bench started (the tree may change while it runs)."""
     return {"bench": bench, "recorded_at": started.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            **commit(repo), "argv": argv, "machine": machine(),
+            **(vcs or commit(repo)), "argv": argv, "machine": machine(),
             "loadavg_1m": [round(load_before[0], 2), round(load_after[0], 2)],
             "wall_s": round(wall_s, 1), "result": result}
 
