@@ -106,6 +106,9 @@ SPECS: dict[str, BenchSpec] = {
     "imitation": BenchSpec(
         "an embedded checkpoint beside the demonstrator it imitates",
         ("policy_pass", "checkpoint task success"), (), "checkpoint / demonstrator"),
+    "mutation": BenchSpec(
+        "mutants of the named modules (mutmut, `make mutation`) and how many the tests kill",
+        ("survived", "surviving mutants"), (), "killed / mutants tested"),
     "rl_variant": BenchSpec(
         "one RL change from a learning run's SFT checkpoint, paired with that SFT",
         ("rl_pass", "RL task success"), (), "RL / SFT"),
@@ -231,6 +234,9 @@ def _met(spec: BenchSpec, result: dict) -> str:
 
 
 def _command(rec: dict) -> str:
+    if rec["bench"] == "mutation":   # recorded by ratchet.mutation after a mutmut run, not a bench script
+        argv = rec.get("argv") or []
+        return f"mutmut over {argv[0] if argv else '?'}" + (f"; tests: {argv[1]}" if len(argv) > 1 else "")
     args = " ".join(rec.get("argv") or [])
     return f"ratchet bench {rec['bench']} --record" + (f" {args}" if args else "")
 
@@ -254,6 +260,23 @@ def _plot(bench: str, spec: BenchSpec, rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=80, metadata={"Software": None})
     plt.close(fig)
+
+
+MAX_SURVIVORS = 80
+
+
+def _mutation_detail(res: dict) -> list[str]:
+    out = ["", "| file | mutants | killed | survived | timeout | untested |", "|---|---|---|---|---|---|"]
+    for f, c in sorted((res.get("files") or {}).items()):
+        out.append(f"| `{f}` | {c['mutants']} | {c['killed']} | {c['survived']} | {c['timeout']} | {c['untested']} |")
+    surv = res.get("survivors") or []
+    if surv:
+        out += ["", f"Surviving mutants (`mutmut show ID` in the run's folder prints each diff)"
+                    f"{f'; the first {MAX_SURVIVORS} of {len(surv)}, every one is in mutation.jsonl' if len(surv) > MAX_SURVIVORS else ''}:", ""]
+        for m in surv[:MAX_SURVIVORS]:
+            code = m["code"].replace("`", "'")
+            out.append(f"- {m['id']}: `{m['file']}:{m['line']}` `{code}`")
+    return out
 
 
 def render(results_dir: Path = RESULTS_DIR, plots: bool = True) -> str:
@@ -304,6 +327,8 @@ def render(results_dir: Path = RESULTS_DIR, plots: bool = True) -> str:
         for t in spec.targets:
             m_ = t.met(res)
             lines.append(f"| target: {t.label} | {'met' if m_ else 'not met' if m_ is False else 'not measured'} |")
+        if b == "mutation":
+            lines += _mutation_detail(res)
         if len(rows) > 1:
             key, unit = spec.headline
             lines += ["", "History (newest first):", "", f"| recorded | commit | {key} | ratio | load |", "|---|---|---|---|---|"]

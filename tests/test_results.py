@@ -89,3 +89,36 @@ def test_bench_record_keeps_nothing_when_the_bench_fails(tmp_path):
     bench.write_text("print('no json here')\n")
     assert _bench_recorded("sandbox", bench, [], tmp_path / "r") == 1
     assert not (tmp_path / "r" / "sandbox.jsonl").exists()
+
+
+def test_mutation_results_come_from_mutmuts_cache(tmp_path):
+    """`make mutation` records what mutmut's cache says: counts per file and every survivor with
+    its source line (mutmut numbers lines from 0)."""
+    import sqlite3
+
+    from ratchet import mutation
+
+    cache = tmp_path / ".mutmut-cache"
+    con = sqlite3.connect(cache)
+    con.executescript("""
+        CREATE TABLE SourceFile (id INTEGER PRIMARY KEY, filename TEXT, hash TEXT);
+        CREATE TABLE Line (id INTEGER PRIMARY KEY, sourcefile INTEGER, line TEXT, line_number INTEGER);
+        CREATE TABLE Mutant (id INTEGER PRIMARY KEY, line INTEGER, "index" INTEGER, tested_against_hash TEXT,
+                             status TEXT);
+        INSERT INTO SourceFile VALUES (1, 'ratchet/governance/holdout.py', 'h');
+        INSERT INTO Line VALUES (1, 1, '    if left or entered:', 9), (2, 1, 'x = 1', 20);
+        INSERT INTO Mutant VALUES (1, 1, 0, 'h', 'ok_killed'), (2, 1, 1, 'h', 'bad_survived'),
+                                  (3, 2, 0, 'h', 'bad_timeout'), (4, 2, 1, 'h', 'untested');
+    """)
+    con.commit()
+    con.close()
+    res = mutation.read_cache(cache)
+    assert (res["mutants"], res["killed"], res["survived"], res["timeout"], res["untested"]) == (4, 1, 1, 1, 1)
+    assert res["survivors"] == [{"id": 2, "file": "ratchet/governance/holdout.py", "line": 10,
+                                 "code": "if left or entered:"}]
+    assert res["ratio"] == round(1 / 3, 4)
+    assert mutation.main(["--cache", str(cache), "--label", "governance", "--results-dir", str(tmp_path / "r")]) == 0
+    page = (tmp_path / "r" / "README.md").read_text()
+    assert "- 2: `ratchet/governance/holdout.py:10` `if left or entered:`" in page
+    assert "mutmut over governance" in page
+    assert mutation.main(["--cache", str(tmp_path / "none"), "--label", "x", "--results-dir", str(tmp_path)]) == 2

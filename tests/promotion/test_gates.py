@@ -202,3 +202,35 @@ def test_every_task_needs_all_seeds():
     assert not g.passed and "30 candidate tasks have fewer than 3 seeds" in g.reason
     assert evaluate_gates(cand, champ, GOOD_EVIDENCE, GatePolicy(min_seeds=1, slice_columns=("slice",))
                           ).gate("evaluation_complete").passed
+
+
+def _noisy(n_tasks, wins, losses):
+    """n_tasks paired tasks: the candidate alone passes `wins` of them, the champion alone
+    `losses`, and both fail the rest (three seeds each, all agreeing)."""
+    cand = [["pass"] * 3] * wins + [["fail"] * 3] * losses + [["fail"] * 3] * (n_tasks - wins - losses)
+    champ = [["fail"] * 3] * wins + [["pass"] * 3] * losses + [["fail"] * 3] * (n_tasks - wins - losses)
+    return _pair(cand, champ)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_a_positive_but_noisy_difference_never_promotes(seed):
+    # +3 tasks of 30 (diff +0.10) from 8 wins and 5 losses: the 95% interval of the paired
+    # difference spans zero, so the improvement cannot be told from noise. The gate reads the
+    # interval's lower bound, never the point estimate, and it is a hard gate: nobody may approve.
+    cand, champ = _noisy(30, 8, 5)
+    rep = evaluate_gates(cand, champ, GOOD_EVIDENCE, GatePolicy(slice_columns=("slice",), seed=seed))
+    g = rep.gate("beats_champion")
+    assert g.numbers["diff"] == pytest.approx(0.1, abs=1e-4)
+    assert g.numbers["ci_low"] <= 0.0 < g.numbers["diff"]
+    assert not g.passed and g.hard and "inside the noise" in g.reason
+    assert rep.failed == ["beats_champion"] and rep.verdict == "reject"
+
+
+def test_the_same_difference_promotes_once_the_interval_clears_zero():
+    # the same +0.10 over ten times the tasks: the lower bound is now above zero, so the noise
+    # rule, not the size of the difference, is what held the small sample back
+    cand, champ = _noisy(300, 80, 50)
+    rep = evaluate_gates(cand, champ, GOOD_EVIDENCE, GatePolicy(slice_columns=("slice",)))
+    g = rep.gate("beats_champion")
+    assert g.numbers["diff"] == pytest.approx(0.1, abs=1e-4) and g.numbers["ci_low"] > 0.0
+    assert g.passed and rep.verdict == "pass"
