@@ -104,16 +104,21 @@ def cmd_scorecard(args) -> int:
     return 0
 
 
-def serve(cmd: list[str], env: dict, cwd: Path, grace_s: float = 20.0) -> int:
+KILLED_MSG = "did not stop within"   # the start of what serve() prints when it had to SIGKILL
+
+
+def serve(cmd: list[str], env: dict, cwd: Path, grace_s: float = 20.0, leader_only: bool = False) -> int:
     """Run a server in its own process group and stop the whole group when we are stopped.
 
-    A signal we receive is forwarded to the group and we wait for it to exit by itself: `dagster
-    dev` shuts its webserver, daemon and code servers down on SIGINT (SIGTERM is mapped to the
-    same handler), and every process of `mlflow ui` (uvicorn, its workers, the huey job consumers,
-    which outlive their parent when only it is signalled) exits on SIGTERM. SIGHUP is forwarded as
-    SIGTERM: neither server handles it. SIGKILL comes only if the group is still there `grace_s`
-    after the signal. The handler never waits itself: the main thread is inside Popen.wait() then,
-    holding the lock a nested wait needs, so waiting there always ran into the SIGKILL fallback."""
+    A signal we receive is forwarded and we wait for the server to exit by itself. `leader_only`:
+    only the leader gets it (`dagster dev` stops its webserver, daemon and code servers itself on
+    SIGINT, SIGTERM being mapped to the same handler, and gives each up to 60 s; signalled
+    directly, the daemon can be cut off mid-tick). Otherwise the whole group gets it (every process
+    of `mlflow ui`, uvicorn, its workers and the huey job consumers, which outlive their parent
+    when only it is signalled, exits on SIGTERM). SIGHUP is forwarded as SIGTERM: neither server
+    handles it. Whatever of the group outlives the leader gets SIGTERM; SIGKILL comes only if
+    something is still there `grace_s` after the signal, and says so on stderr. The handler never
+    waits itself: the main thread is inside Popen.wait() then, holding the lock a nested wait needs."""
     import signal
     import time
 
@@ -122,25 +127,40 @@ def serve(cmd: list[str], env: dict, cwd: Path, grace_s: float = 20.0) -> int:
 
     def forward(signum, _frame):
         received.append((signum, time.monotonic()))
-        _signal_group(proc.pid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        sig = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+        if leader_only:
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        else:
+            _signal_group(proc.pid, sig)
+
+    def kill(what: str) -> None:
+        _signal_group(proc.pid, signal.SIGKILL)   # the last resort
+        print(f"ratchet: {what} {KILLED_MSG} {grace_s:.0f} s of the signal: killed (SIGKILL)", file=sys.stderr)
 
     handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     previous = {sig: signal.signal(sig, forward) for sig in handled}
+    killed = False
     try:
         while True:
             try:
                 rc = proc.wait(timeout=0.2)
                 break
             except subprocess.TimeoutExpired:
-                if received and time.monotonic() - received[0][1] > grace_s:
-                    _signal_group(proc.pid, signal.SIGKILL)   # the last resort
+                if received and not killed and time.monotonic() - received[0][1] > grace_s:
+                    kill(Path(cmd[0]).name)
+                    killed = True
         # what the leader left behind (a child it did not stop) goes with it
         deadline = (received[0][1] if received else time.monotonic()) + grace_s
-        if _group_alive(proc.pid) and not received:
+        if _group_alive(proc.pid) and not killed:
             _signal_group(proc.pid, signal.SIGTERM)
         while _group_alive(proc.pid):
             if time.monotonic() > deadline:
-                _signal_group(proc.pid, signal.SIGKILL)
+                if not killed:
+                    kill(f"a child of {Path(cmd[0]).name}")
+                    killed = True
                 break
             time.sleep(0.1)
     finally:
@@ -187,7 +207,8 @@ def cmd_ui(args) -> int:
     cmd = [str(Path(sys.executable).parent / "dagster"), "dev", "-w", str(REPO / "workspace.yaml"),
            "-p", str(args.port), "-h", args.host]
     print(f"Dagster UI on http://{args.host}:{args.port} (DAGSTER_HOME={home.dagster})", file=sys.stderr)
-    return serve(cmd, env, REPO)
+    # dagster dev gives its webserver and its daemon up to 60 s each to shut down
+    return serve(cmd, env, REPO, grace_s=150, leader_only=True)
 
 
 def cmd_mlflow(args) -> int:

@@ -1,5 +1,5 @@
 """`ratchet ui` and `ratchet mlflow` serve their UIs and, on SIGTERM, stop with every child by
-themselves, well before the SIGKILL fallback (20 s after the signal)."""
+themselves: the SIGKILL fallback (which says so on stderr) is never needed."""
 from __future__ import annotations
 
 import os
@@ -14,6 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pipelines.cli import KILLED_MSG
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -23,9 +25,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# The servers' own shutdown takes a few seconds (measured 2-7 s on a loaded 2-core machine); the
-# SIGKILL fallback fires 20 s after the signal, so an exit before this shows nothing was killed.
-CLEAN_EXIT_S = 15
+# A clean stop takes seconds (2-8 s measured on a quiet machine, more under a full test run's load);
+# this bound only catches a server that hangs.
+STOP_S = 120
 
 
 def _serve_then_sigterm(tmp_path, cmd: str, path: str, start_s: float, while_serving=None) -> None:
@@ -33,8 +35,9 @@ def _serve_then_sigterm(tmp_path, cmd: str, path: str, start_s: float, while_ser
     env = {**os.environ, "RATCHET_HOME": str(tmp_path / "home")}
     env.pop("DAGSTER_HOME", None)
     env.pop("RATCHET_MLFLOW_UI_URL", None)
+    err = tmp_path / f"{cmd}.stderr"
     p = subprocess.Popen([sys.executable, "-m", "pipelines.cli", cmd, "--port", str(port)], cwd=REPO, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         stdout=subprocess.DEVNULL, stderr=err.open("wb"))
     try:
         deadline = time.monotonic() + start_s
         while True:
@@ -52,11 +55,13 @@ def _serve_then_sigterm(tmp_path, cmd: str, path: str, start_s: float, while_ser
         assert children, "the server runs as a child process"
         t0 = time.monotonic()
         p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=60) == 128 + signal.SIGTERM
+        assert p.wait(timeout=STOP_S + 60) == 128 + signal.SIGTERM
         took = time.monotonic() - t0
         gone, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"left running after SIGTERM: {[c.pid for c in alive]}"
-        assert took < CLEAN_EXIT_S, f"ratchet {cmd} took {took:.1f} s to stop: the SIGKILL fallback, not a clean exit"
+        assert KILLED_MSG not in err.read_text(errors="replace"), \
+            f"ratchet {cmd} needed the SIGKILL fallback ({took:.1f} s): not a clean exit"
+        assert took < STOP_S
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, "the port is still served"
     finally:
@@ -107,12 +112,12 @@ while True:
 """
 
 
-def _serve_synthetic(tmp_path, grace_s: float) -> tuple[int, float, int]:
+def _serve_synthetic(tmp_path, grace_s: float, leader_only: bool = False) -> tuple[int, float, int]:
     (tmp_path / "server.py").write_text(_SERVER)
     runner = ("import os, sys; from pipelines.cli import serve; "
               f"sys.exit(serve([sys.executable, {str(tmp_path / 'server.py')!r}, {_CHILD!r}, {str(tmp_path)!r}], "
-              f"dict(os.environ), {str(tmp_path)!r}, grace_s={grace_s}))")
-    p = subprocess.Popen([sys.executable, "-c", runner], cwd=REPO)
+              f"dict(os.environ), {str(tmp_path)!r}, grace_s={grace_s}, leader_only={leader_only}))")
+    p = subprocess.Popen([sys.executable, "-c", runner], cwd=REPO, stderr=(tmp_path / "serve.stderr").open("wb"))
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "child.pid").exists():
@@ -128,10 +133,14 @@ def _serve_synthetic(tmp_path, grace_s: float) -> tuple[int, float, int]:
             p.kill()
 
 
-def test_serve_forwards_sigterm_to_the_group_and_waits_for_a_clean_exit(tmp_path):
-    rc, took, child = _serve_synthetic(tmp_path, grace_s=20)
+@pytest.mark.parametrize("leader_only", [False, True], ids=["group", "leader"])
+def test_serve_forwards_sigterm_and_waits_for_a_clean_exit(tmp_path, leader_only):
+    """To the group, or to the leader only (what `ratchet ui` does: dagster dev stops its own
+    children); a child the leader leaves behind gets SIGTERM once the leader is gone."""
+    rc, took, child = _serve_synthetic(tmp_path, grace_s=20, leader_only=leader_only)
     assert rc == 128 + signal.SIGTERM
     assert (tmp_path / "clean").exists(), "the child got the signal and shut down by itself"
+    assert KILLED_MSG not in (tmp_path / "serve.stderr").read_text()
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     assert took < 10, f"{took:.1f} s: waited for the SIGKILL fallback instead of the child's exit"
 
@@ -141,4 +150,5 @@ def test_serve_kills_what_ignores_sigterm_after_the_grace_period(tmp_path):
     rc, took, child = _serve_synthetic(tmp_path, grace_s=2)
     assert rc == 128 + signal.SIGTERM and 2 <= took < 15
     assert not (tmp_path / "clean").exists()
+    assert KILLED_MSG in (tmp_path / "serve.stderr").read_text(), "a forced stop says so"
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
