@@ -326,8 +326,9 @@ def cmd_holdout_show(args) -> int:
     return 1 if err else 0
 
 
-def cmd_holdout_restore(args) -> int:
-    from ratchet.governance.holdout import restore_holdout
+def _holdout_change(args, verb: str, change, said) -> int:
+    """An audited change to the holdout (`unlock`, `restore`): the warehouse's record and the file
+    change together, the audit row is printed as JSON, and a refusal is exit 2 with its reason."""
     from ratchet.governance.manifest import ManifestError
     from ratchet.warehouse import Warehouse
 
@@ -337,36 +338,28 @@ def cmd_holdout_restore(args) -> int:
     wh.ensure_schema()
     try:
         with wh.connect() as con:
-            m, row = restore_holdout(con, path, args.reason, args.actor)
+            m, row = change(con, path, args.reason, args.actor)
     except ManifestError as e:
-        print(f"ratchet holdout restore: {e}", file=sys.stderr)
+        print(f"ratchet holdout {verb}: {e}", file=sys.stderr)
         return 2
-    print(f"holdout version {m.version} ({m.sha256[:12]}..., {len(m.task_ids)} tasks, "
-          f"{'locked' if m.locked else 'unlocked'}) restored to {path} from the warehouse by {row['actor']}: "
-          f"{row['reason']}", file=sys.stderr)
+    print(f"holdout version {m.version} ({m.sha256[:12]}..., {len(m.task_ids)} tasks) {said(m, path)} by "
+          f"{row['actor']}: {row['reason']}", file=sys.stderr)
     print(json.dumps(row, default=str))
     return 0
+
+
+def cmd_holdout_restore(args) -> int:
+    from ratchet.governance.holdout import restore_holdout
+
+    return _holdout_change(args, "restore", restore_holdout, lambda m, path: (
+        f"{'locked' if m.locked else 'unlocked'}, restored to {path} from the warehouse"))
 
 
 def cmd_holdout_unlock(args) -> int:
     from ratchet.governance.holdout import unlock_holdout
-    from ratchet.governance.manifest import ManifestError
-    from ratchet.warehouse import Warehouse
 
-    home = _home(args)
-    path = _holdout_path(args, home)
-    wh = Warehouse(home.warehouse)
-    wh.ensure_schema()
-    try:
-        with wh.connect() as con:
-            m, row = unlock_holdout(con, path, args.reason, args.actor)
-    except ManifestError as e:
-        print(f"ratchet holdout unlock: {e}", file=sys.stderr)
-        return 2
-    print(f"holdout version {m.version} ({m.sha256[:12]}..., {len(m.task_ids)} tasks) unlocked by {row['actor']}: "
-          f"{row['reason']}. The next holdout_manifest run locks a new version.", file=sys.stderr)
-    print(json.dumps(row, default=str))
-    return 0
+    return _holdout_change(args, "unlock", unlock_holdout, lambda m, path: (
+        "unlocked (the next holdout_manifest run locks a new version)"))
 
 
 def build_parser() -> argparse.ArgumentParser:
