@@ -101,8 +101,16 @@ mutation: $(VENV)/.installed
 	cd $(CURDIR) && $(PY) -m ratchet.mutation --cache $(MUT_DIR)/.mutmut-cache --label "$(MUTATION_TARGETS)" \
 	  --wall-s $$(( $$(date +%s) - $(MUT_START) ))
 
+# Every benchmark at its defaults, each recorded in docs/results (`ratchet bench NAME --record`);
+# imitation and rl_variant read the learning run's folder. Hours on 2 cores, the learning bench
+# most of it; `ratchet bench --record NAME` runs one.
+LEARNING_OUT ?= /tmp/ratchet-learning
 bench: install
-	for b in bench/*.py; do $(PY) $$b || exit 1; done
+	for b in demo ingest sandbox reward_hacks dedup eval rollout render decode baselines; do \
+	  $(VENV)/bin/ratchet bench --record $$b || exit 1; done
+	$(VENV)/bin/ratchet bench --record learning --out $(LEARNING_OUT)
+	$(VENV)/bin/ratchet bench --record imitation --run $(LEARNING_OUT)
+	$(VENV)/bin/ratchet bench --record rl_variant --run $(LEARNING_OUT) --out $(LEARNING_OUT)-rl
 
 ui: install
 	$(VENV)/bin/ratchet ui
