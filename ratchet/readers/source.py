@@ -59,13 +59,11 @@ def _decompressed(fh: BinaryIO, kind: str) -> Iterator[bytes]:
     if kind == "gzip":
         return _gunzip(fh)
     if kind == "zstd":
-        import zstandard
-
-        return _raw_chunks(zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True))
+        return _unzstd(fh)
     if kind == "bz2":
         import bz2
 
-        return _raw_chunks(bz2.BZ2File(fh))
+        return _raw_chunks(bz2.BZ2File(fh))  # BZ2File/LZMAFile.read(n) return at most n bytes
     import lzma
 
     return _raw_chunks(lzma.LZMAFile(fh))
@@ -73,7 +71,8 @@ def _decompressed(fh: BinaryIO, kind: str) -> Iterator[bytes]:
 
 def _gunzip(fh: BinaryIO) -> Iterator[bytes]:
     """gzip members one after another, yielding what decompresses as it comes (gzip.GzipFile
-    drops a whole read when the file ends early: everything before the cut is kept here)."""
+    drops a whole read when the file ends early: everything before the cut is kept here). At most
+    READ_CHUNK bytes come out of one call: 1 MB of gzip can hold 1 GiB of newlines."""
     import zlib
 
     d = zlib.decompressobj(wbits=31)
@@ -84,18 +83,109 @@ def _gunzip(fh: BinaryIO) -> Iterator[bytes]:
                 if not d.eof:
                     raise Unreadable("corrupt_compressed", "the gzip stream ends early: the file is truncated")
                 return
-            while b:
-                out = d.decompress(b)
+            while True:
+                out = d.decompress(b, READ_CHUNK)
                 if out:
                     yield out
-                if not d.eof:
+                if d.eof:
+                    b = d.unused_data
+                    if not b.strip(b"\x00"):  # only padding after the last member
+                        return
+                    d = zlib.decompressobj(wbits=31)
+                    continue
+                b = d.unconsumed_tail
+                # a full `out` may leave output inside zlib with no input left: ask again
+                if not b and len(out) < READ_CHUNK:
                     break
-                b = d.unused_data
-                if not b.strip(b"\x00"):  # only padding after the last member
-                    return
-                d = zlib.decompressobj(wbits=31)
     except zlib.error as e:
         raise Unreadable("corrupt_compressed", f"gzip: {e}") from None
+
+
+ZSTD_MAGIC = 0xFD2FB528
+
+
+def _zstd_extent(fh: BinaryIO) -> tuple[int, str | None]:
+    """How many leading bytes of a zstd file a decoder should be fed, and what is wrong with the
+    rest (None: nothing). Walks frame and block headers only (RFC 8878), seeking over block
+    bodies: zstandard's stream reader ends quietly on a truncated frame and drops the output of
+    the read in which it meets junk, so the file's shape is checked before it is decoded."""
+    size = os.fstat(fh.fileno()).st_size
+    pos = 0
+    frames = 0
+    try:
+        while pos < size:
+            fh.seek(pos)
+            head = fh.read(4)
+            magic = int.from_bytes(head, "little") if len(head) == 4 else None
+            if magic is not None and magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable: 4-byte length, data
+                n = fh.read(4)
+                if len(n) < 4 or pos + 8 + int.from_bytes(n, "little") > size:
+                    return size, f"the zstd stream ends early inside a skippable frame at byte {pos}"
+                pos += 8 + int.from_bytes(n, "little")
+                frames += 1
+                continue
+            if magic != ZSTD_MAGIC:
+                rest = size - pos
+                if rest <= READ_CHUNK and not (head + fh.read(rest)).strip(b"\x00"):
+                    return pos, None  # zero padding after the last frame, as gzip allows
+                return pos, f"junk after zstd frame {frames}: {rest} bytes from byte {pos} are not zstd"
+            fhd = fh.read(1)
+            if not fhd:
+                return size, f"the zstd stream ends early in frame {frames + 1}'s header: the file is truncated"
+            d = fhd[0]
+            if d & 0x08:
+                return pos, f"zstd frame {frames + 1} at byte {pos} has a reserved header bit set"
+            single = bool(d & 0x20)
+            fcs = (1 if single else 0, 2, 4, 8)[d >> 6]
+            hdr = 4 + 1 + (0 if single else 1) + (0, 1, 2, 4)[d & 3] + fcs
+            at = pos + hdr
+            while True:
+                fh.seek(at)
+                bh = fh.read(3)
+                if len(bh) < 3:
+                    return size, f"the zstd stream ends early in frame {frames + 1}: the file is truncated"
+                v = int.from_bytes(bh, "little")
+                kind, n = (v >> 1) & 3, v >> 3
+                if kind == 3:
+                    return size, f"zstd frame {frames + 1} has a reserved block type at byte {at}"
+                at += 3 + (1 if kind == 1 else n)
+                if at > size:
+                    return size, f"the zstd stream ends early in frame {frames + 1}: the file is truncated"
+                if v & 1:
+                    break
+            at += 4 if d & 0x04 else 0  # the content checksum
+            if at > size:
+                return size, f"the zstd stream ends early in frame {frames + 1}'s checksum: the file is truncated"
+            pos = at
+            frames += 1
+        return pos, None
+    finally:
+        fh.seek(0)
+
+
+class _Capped:
+    """The first `left` bytes of a file, for a decoder that must not read past them."""
+
+    def __init__(self, fh: BinaryIO, left: int):
+        self.fh, self.left = fh, left
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        b = self.fh.read(n) if n else b""
+        self.left -= len(b)
+        return b
+
+
+def _unzstd(fh: BinaryIO) -> Iterator[bytes]:
+    """zstd frames one after another, READ_CHUNK bytes at most a read. A file that is cut short or
+    followed by junk yields everything that decodes, then raises where it breaks (like gzip)."""
+    import zstandard
+
+    end, problem = _zstd_extent(fh)
+    reader = zstandard.ZstdDecompressor().stream_reader(_Capped(fh, end), read_across_frames=True)
+    yield from _raw_chunks(reader)
+    if problem:
+        raise Unreadable("corrupt_compressed", problem)
 
 
 def _raw_chunks(stream, size: int = READ_CHUNK) -> Iterator[bytes]:
