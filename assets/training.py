@@ -124,11 +124,12 @@ def _metadata(home, out: dict, run, path, **extra) -> dict:
 
 
 def _log_steps(context: dg.AssetExecutionContext, stage: str):
-    """The trainer's per-step numbers as lines of the step's Dagster log (the console of `ratchet
-    demo` gets none: ratchet.training.quiet); MLflow gets the same history as metrics."""
+    """The trainer's per-step numbers as DEBUG lines of the step's Dagster log: in the run's log in
+    the UI, not on the console of `ratchet demo`, which shows Dagster's INFO (the stages) only;
+    MLflow gets the same history as metrics."""
     def log(row) -> None:
         vals = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items() if k != "step")
-        context.log.info(f"{stage} step {row.get('step')}: {vals}")
+        context.log.debug(f"{stage} step {row.get('step')}: {vals}")
     return log
 
 

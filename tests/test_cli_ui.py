@@ -30,6 +30,13 @@ def _free_port() -> int:
 STOP_S = 120
 
 
+def _ignore_stop_signals():
+    """Start the command as a test runner or a pool worker may: SIGTERM and SIGINT ignored, which
+    exec passes on. The server must stop on SIGTERM all the same."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _serve_then_sigterm(tmp_path, cmd: str, path: str, start_s: float, while_serving=None) -> None:
     port = _free_port()
     env = {**os.environ, "RATCHET_HOME": str(tmp_path / "home")}
@@ -37,7 +44,7 @@ def _serve_then_sigterm(tmp_path, cmd: str, path: str, start_s: float, while_ser
     env.pop("RATCHET_MLFLOW_UI_URL", None)
     err = tmp_path / f"{cmd}.stderr"
     p = subprocess.Popen([sys.executable, "-m", "pipelines.cli", cmd, "--port", str(port)], cwd=REPO, env=env,
-                         stdout=subprocess.DEVNULL, stderr=err.open("wb"))
+                         stdout=subprocess.DEVNULL, stderr=err.open("wb"), preexec_fn=_ignore_stop_signals)
     try:
         deadline = time.monotonic() + start_s
         while True:
@@ -117,7 +124,8 @@ def _serve_synthetic(tmp_path, grace_s: float, leader_only: bool = False) -> tup
     runner = ("import os, sys; from pipelines.cli import serve; "
               f"sys.exit(serve([sys.executable, {str(tmp_path / 'server.py')!r}, {_CHILD!r}, {str(tmp_path)!r}], "
               f"dict(os.environ), {str(tmp_path)!r}, grace_s={grace_s}, leader_only={leader_only}))")
-    p = subprocess.Popen([sys.executable, "-c", runner], cwd=REPO, stderr=(tmp_path / "serve.stderr").open("wb"))
+    p = subprocess.Popen([sys.executable, "-c", runner], cwd=REPO, stderr=(tmp_path / "serve.stderr").open("wb"),
+                         preexec_fn=_ignore_stop_signals)
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "child.pid").exists():
