@@ -5,18 +5,11 @@ import json
 
 import pytest
 
-from ratchet import store, tables
+from ratchet import store
 from ratchet.governance import holdout
 from ratchet.governance.manifest import ManifestError, create_manifest, save_manifest
 
 pytestmark = pytest.mark.governance
-
-
-@pytest.fixture
-def con(wh):
-    with wh.connect() as c:
-        tables.ensure_all(c)
-        yield c
 
 
 def test_a_forged_file_is_restored_to_the_locked_holdout(con, home):

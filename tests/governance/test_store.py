@@ -22,13 +22,6 @@ pytestmark = pytest.mark.governance
 NOW = datetime(2026, 11, 15, tzinfo=timezone.utc)
 
 
-@pytest.fixture
-def con(wh):
-    with wh.connect() as c:
-        tables.ensure_all(c)
-        yield c
-
-
 def _ids(con, sql):
     return [r[0] for r in con.execute(sql).fetchall()]
 
