@@ -248,7 +248,7 @@ def _plot(bench: str, spec: BenchSpec, rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     key, unit = spec.headline
-    pts = [(r["recorded_at"][:10], lookup(r["result"], key)) for r in rows]
+    pts = [(r["recorded_at"][:16].replace("T", " "), lookup(r["result"], key)) for r in rows]
     pts = [(d, v) for d, v in pts if isinstance(v, (int, float))]
     fig, ax = plt.subplots(figsize=(6, 2.4))
     ax.plot(range(len(pts)), [v for _, v in pts], marker="o", color="#264653")
