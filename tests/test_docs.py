@@ -266,3 +266,10 @@ def test_no_work_session_talk_outside_the_experiments_log():
                           ":!tests/test_docs.py"], cwd=REPO, capture_output=True, text=True).stdout
     bad = [ln for ln in out.splitlines() if not _technical(ln)]
     assert not bad, "the word 'session' outside technical uses:\n" + "\n".join(bad[:40])
+
+
+def test_every_experiment_entry_is_in_the_index():
+    folder = DOCS / "experiments"
+    index = (folder / "README.md").read_text()
+    missing = [p.name for p in sorted(folder.glob("20*.md")) if f"({p.name})" not in index]
+    assert not missing, f"docs/experiments/README.md does not list: {missing}"
