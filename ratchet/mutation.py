@@ -11,6 +11,7 @@ it: counts per file and every survivor with its source line).
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
 import sys
 from datetime import datetime, timezone
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ratchet.mutation: {e}", file=sys.stderr)
         return 2
     now = datetime.now(timezone.utc)
-    load = __import__("os").getloadavg()
+    load = os.getloadavg()
     rec = results.make_record("mutation", [a.label] + ([a.tests] if a.tests else []), res, now, a.wall_s, load, load)
     out = Path(a.results_dir) if a.results_dir else results.RESULTS_DIR
     results.append_record(rec, out)

@@ -265,6 +265,11 @@ def _plot(bench: str, spec: BenchSpec, rows: list[dict], path: Path) -> None:
 MAX_SURVIVORS = 80
 
 
+def _order(records: dict) -> list[str]:
+    """Recorded benches in SPECS order, then any other recorded name alphabetically."""
+    return [b for b in SPECS if b in records] + sorted(b for b in records if b not in SPECS)
+
+
 def _mutation_detail(res: dict) -> list[str]:
     out = ["", "| file | mutants | killed | survived | timeout | untested |", "|---|---|---|---|---|---|"]
     for f, c in sorted((res.get("files") or {}).items()):
@@ -289,7 +294,7 @@ def render(results_dir: Path = RESULTS_DIR, plots: bool = True) -> str:
              "Each figure comes with the commit, the machine and its load average (1 minute, before and",
              "after the run); the machine is shared, so figures move with its load.", "",
              "| bench | latest | headline | baseline | ratio | targets |", "|---|---|---|---|---|---|"]
-    order = [b for b in SPECS if b in records] + sorted(b for b in records if b not in SPECS)
+    order = _order(records)
     for b in order:
         rec = records[b][-1]
         spec = SPECS.get(b, BenchSpec("", ("ratio", ""), ()))
@@ -351,7 +356,7 @@ def readme_block(results_dir: Path = RESULTS_DIR) -> str:
     """One line per recorded bench for the project README, linking to the results page."""
     records = read_records(results_dir)
     lines = [START, ""]
-    for b in [b for b in SPECS if b in records] + sorted(b for b in records if b not in SPECS):
+    for b in _order(records):
         rec = records[b][-1]
         spec = SPECS.get(b, BenchSpec("", ("ratio", ""), ()))
         key, unit = spec.headline
