@@ -103,6 +103,12 @@ SPECS: dict[str, BenchSpec] = {
     "baselines": BenchSpec(
         "no-weights harness baselines (random and SBFL-guided edits), k attempts",
         ("sbfl_first_try", "SBFL fixed at first try"), (), "SBFL / random (first try)"),
+    "lm_harness": BenchSpec(
+        "the pretrained base ranking candidate edits by likelihood (no weight change) beside the "
+        "no-weights harnesses, on held-out problems, with the base's contamination measured",
+        ("lm_pass", "harness:lm task success"),
+        (Target("lm_minus_prior.1", ">", 0, "harness:lm above harness:prior (paired CI above 0)"),),
+        "harness:lm / harness:prior"),
     "imitation": BenchSpec(
         "an embedded checkpoint beside the demonstrator it imitates",
         ("policy_pass", "checkpoint task success"), (), "checkpoint / demonstrator"),

@@ -18,6 +18,7 @@ the trainers' examples and `hf:<path>` render one and the same text.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -80,6 +81,22 @@ def fix_tokens(model, tok) -> None:
         cfg.eos_token_id, cfg.pad_token_id = eos, pad
 
 
+@contextlib.contextmanager
+def _no_conversion_bar():
+    """transformers' GGUF converter draws its own tqdm bar on the console, which no logging or
+    progress-bar switch of transformers reaches; the console of a run tells its story without it."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    was = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(was, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = was
+
+
 def build_pretrained_base(out_dir: str | Path, *, gguf: str | Path | None = None) -> Path:
     """Convert the wheel's GGUF (or `gguf`) to `out_dir/smollm2-<content key>` and return it; an
     existing folder of that key is reused (the conversion runs once per home). Written to a
@@ -97,10 +114,11 @@ def build_pretrained_base(out_dir: str | Path, *, gguf: str | Path | None = None
     final = Path(out_dir) / f"smollm2-{key}"
     if (final / MANIFEST).exists():
         return final
-    quiet_libraries()                 # the GGUF conversion draws progress bars otherwise
+    quiet_libraries()
     t0, c0 = time.monotonic(), time.process_time()
-    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-    model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
+    with _no_conversion_bar():
+        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
     fix_tokens(model, tok)
     tmp = Path(out_dir) / f".smollm2-{key}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

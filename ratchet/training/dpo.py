@@ -35,6 +35,7 @@ class DPOSettings:
     threads: int = 1                     # see docs/training.md: 1 beat 2 by 2-3x per CPU-second here
     logging_steps: int = 1
     lora: str = "auto"                   # as SFTSettings.lora: an adapter for > 50M parameters, merged on save
+    device: str = "auto"                 # as SFTSettings.device (ratchet.training.device)
     overrides: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -43,6 +44,9 @@ class DPOSettings:
         from ratchet.policy.embedded.model import LORA_MODES
         if self.lora not in LORA_MODES:
             raise ValueError(f"lora must be one of {LORA_MODES}")
+        from ratchet.training.device import DEVICES
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}")
         if self.max_steps <= 0 and self.epochs <= 0:
             raise ValueError("set epochs > 0 or max_steps > 0")
 
@@ -137,13 +141,15 @@ def train_dpo(base: str | Path, pairs: Sequence[tuple[Mapping, Mapping]], out_di
             used += [good, bad]
     if not examples:
         raise ValueError("no usable preference pair (same task, shared prompt, trainable turns on both sides)")
+    from ratchet.training.device import trainer_device_args
+
     torch.set_num_threads(settings.threads)
     cfg = DPOConfig(
         output_dir=str(Path(out_dir) / "trainer"), beta=settings.beta, num_train_epochs=settings.epochs,
         max_steps=settings.max_steps, per_device_train_batch_size=settings.batch_size,
         learning_rate=settings.learning_rate, logging_steps=settings.logging_steps, save_strategy="no",
-        seed=settings.seed, data_seed=settings.seed, max_length=settings.max_length, use_cpu=True, bf16=False,
-        fp16=False, gradient_checkpointing=False, report_to=[], disable_tqdm=True, remove_unused_columns=False,
+        seed=settings.seed, data_seed=settings.seed, max_length=settings.max_length,
+        **trainer_device_args(settings.device), gradient_checkpointing=False, report_to=[], disable_tqdm=True, remove_unused_columns=False,
         dataloader_num_workers=0, **settings.overrides)
     # The reference is the starting policy, frozen: a copy (TRL would reload it from the model's hub
     # id/path, which an in-memory model lacks); a peft model needs none (adapters off = reference).

@@ -11,8 +11,9 @@ calls carry no loss). The dataset is pre-tokenised, so TRL's own `assistant_only
 (which re-renders messages through a chat template) stays off; the mask is the same one, built
 once (tests/training/test_examples.py checks it against `apply_chat_template`).
 
-CPU settings: bf16 and gradient checkpointing off (~10x slower on CPU otherwise),
-`use_cpu`, and an explicit torch thread count.
+Placement (`device`, ratchet.training.device): a GPU with bf16 when one is present, else the CPU
+with float32 and gradient checkpointing off (~10x slower on CPU otherwise) and an explicit torch
+thread count.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class SFTSettings:
     # full fine-tuning otherwise (the embedded model); "on" / "off" force it. The saved checkpoint
     # has the adapter merged in either way (model.merged): the next stage loads plain weights.
     lora: str = "auto"
+    device: str = "auto"                # "auto": CUDA + bf16 when a GPU is present; "cpu"; "cuda"
     overrides: dict = field(default_factory=dict)   # passed to trl.SFTConfig as is
 
     def __post_init__(self):
@@ -56,7 +58,10 @@ class SFTSettings:
         from ratchet.policy.embedded.model import LORA_MODES
         if self.lora not in LORA_MODES:
             raise ValueError(f"lora must be one of {LORA_MODES}")
-        clash = {"output_dir", "assistant_only_loss", "bf16"} & set(self.overrides)
+        from ratchet.training.device import DEVICES
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}")
+        clash = {"output_dir", "assistant_only_loss", "bf16", "use_cpu"} & set(self.overrides)
         if clash:
             raise ValueError(f"overrides may not set {sorted(clash)}: SFTSettings owns them")
 
@@ -99,6 +104,7 @@ def make_trainer(model, tokenizer, dataset, out_dir: str | Path, settings: SFTSe
     import torch
     from trl import SFTConfig, SFTTrainer
 
+    from ratchet.training.device import trainer_device_args
     from ratchet.training.quiet import quiet_libraries, quiet_trainer
 
     quiet_libraries()
@@ -110,7 +116,7 @@ def make_trainer(model, tokenizer, dataset, out_dir: str | Path, settings: SFTSe
         weight_decay=settings.weight_decay, lr_scheduler_type="cosine", logging_steps=settings.logging_steps,
         save_strategy="steps" if settings.save_steps else "no", save_steps=settings.save_steps or 500,
         seed=settings.seed, data_seed=settings.seed, max_length=settings.max_length,
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, report_to=[],
+        **trainer_device_args(settings.device), gradient_checkpointing=False, report_to=[],
         disable_tqdm=True, dataloader_num_workers=0, assistant_only_loss=False, packing=False,
         **settings.overrides)
     return quiet_trainer(SFTTrainer(model=model, args=cfg, train_dataset=dataset, processing_class=tokenizer), on_log)
