@@ -107,6 +107,22 @@ def _train_tasks(warehouse: WarehouseResource, limit: int | None) -> list[dict]:
     return rows[:limit] if limit else rows
 
 
+def _val_bundles(warehouse: WarehouseResource, limit: int, max_turns: int) -> list:
+    """Up to `limit` val-split tasks as bundles under the RL turn budget (none when limit is 0 or
+    the split has no val task: the run then registers its last step)."""
+    import json
+
+    from ratchet.evaluation.runner import with_turn_budget
+    from ratchet.training.data import VAL_TASKS_SQL
+    from sandboxes.bundle import TaskBundle
+
+    if limit <= 0:
+        return []
+    rows = warehouse.store().read(VAL_TASKS_SQL)[:limit]
+    return [with_turn_budget(TaskBundle.from_dict(json.loads(t["bundle"]) if isinstance(t["bundle"], str)
+                                                  else t["bundle"]), max_turns) for t in rows]
+
+
 def _metadata(home, out: dict, run, path, **extra) -> dict:
     import os
 
@@ -311,13 +327,19 @@ class RLConfig(dg.Config):
     # reuse a test run's result when an episode repeats it exactly (sandboxes.result_cache, the file the
     # holdout evaluation uses): a GRPO group's pristine localize runs once (~13% less CPU a step)
     test_cache: bool = True
+    # val-split tasks (never trained on, never the holdout) whose greedy pass rate picks the saved
+    # step to register (0: the last step); a step past kl_limit stops the run (0: no limit)
+    validation_tasks: int = 8
+    kl_limit: float = _R.rl_kl_limit
 
 
 @dg.asset(partitions_def=CANDIDATES, group_name="training", owners=OWNERS["training"], pool="training",
           deps=["sft_checkpoint", "training_set", "split_assignments"], kinds={"pytorch", "mlflow"},
           description="Multi-turn GRPO from the candidate's SFT checkpoint on train-split tasks in the sandbox "
                       "(grammar-constrained rollouts, verifier rewards, KL to the SFT policy); resumes from its "
-                      "last checkpoint; an MLflow model version with lineage and a `checkpoints` row.")
+                      "last checkpoint; registers the saved step with the best greedy pass rate on val-split tasks "
+                      "(a step whose KL blows up stops the run); an MLflow model version with lineage and a "
+                      "`checkpoints` row.")
 def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse: WarehouseResource,
                   tracking: MlflowTracking) -> dg.MaterializeResult:
     import json
@@ -347,30 +369,41 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
                               rl_group_size=config.group_size, rl_lr=config.learning_rate, rl_beta=config.beta,
                               rl_turn_cost=config.turn_cost,
                               rl_temperature=config.temperature, max_tokens=config.max_tokens,
-                              max_turns=config.max_turns, seed=config.seed, rl_rollout_workers=config.rollout_workers)
+                              max_turns=config.max_turns, seed=config.seed, rl_rollout_workers=config.rollout_workers,
+                              rl_kl_limit=config.kl_limit)
+    validation = _val_bundles(warehouse, config.validation_tasks, config.max_turns)
     out_dir = _dir(warehouse, cand, f"rl-from-{sft['version']}")     # a re-run resumes here
     with tracking.run(EXPERIMENT, f"rl {cand}", tags={"ratchet.stage": "rl"}, dagster_run_id=context.run_id,
                     partition=cand) as run:
         run.log_params({"start": sft["checkpoint_id"], **settings.grpo().__dict__})
         from ratchet.evaluation.runner import test_cache_file
         runtime = LocalRuntime(test_cache=test_cache_file(home.root) if config.test_cache else None)
-        res = rl_stage(sft["path"], bundles, out_dir, settings, runtime=runtime,
+        res = rl_stage(sft["path"], bundles, out_dir, settings, runtime=runtime, validation=validation,
                          on_step=lambda r: context.log.info(
                              f"step {r['step']}: reward {r['reward']} pass {r['pass_rate']} loss {r['loss']:.4f} "
                              f"kl {r['kl']:.4f} infra {r['infra_failures']} ({r['step_s']} s)"))
+        if res.stopped:
+            context.log.warning(f"RL {res.stopped}")
+        if not res.checkpoints and not (out_dir / "LAST").exists():
+            raise dg.Failure(f"RL saved no step to register: {res.stopped or 'no step ran'}",
+                             metadata={"history": dg.MetadataValue.json(res.history)})
         manifest, env = inherited_manifest(sft["path"]), environment_digest(b.environment_digest for b in bundles)
-        out = _register(warehouse, context, run, "rl", res.checkpoint, parent=sft["path"],
+        out = _register(warehouse, context, run, "rl", res.best, parent=sft["path"],
                         parent_id=sft["checkpoint_id"], manifest=manifest, env_digest=env, cpu_s=res.cpu_s,
                         history=res.history)
         # the step checkpoints before the final one are checkpoints too: versions of their own
         with warehouse.store().connect() as con:
             steps = record_step_checkpoints(con, run, tenant=tenant, candidate=cand.split(":", 1)[1], stage="rl",
-                                            final=res.checkpoint, manifest=manifest, env_digest=env,
+                                            final=res.best, manifest=manifest, env_digest=env,
                                             dagster_run_id=context.run_id, parent_id=sft["checkpoint_id"])
     last = res.history[-1] if res.history else {}
     return dg.MaterializeResult(metadata=_metadata(
-        home, out, run, res.checkpoint, steps=len(res.history), cpu_s=res.cpu_s, wall_s=res.wall_s,
+        home, out, run, res.best, steps=len(res.history), cpu_s=res.cpu_s, wall_s=res.wall_s,
         tasks=len(bundles), infra_failures=sum(h["infra_failures"] for h in res.history),
+        registered_step=int(res.best.name.split("-")[-1]) if res.best.name.startswith("step-") else None,
+        validation_tasks=len(validation),
+        val_pass_by_step=dg.MetadataValue.json({str(h["step"]): h["val_pass"] for h in res.history if "val_pass" in h}),
+        stopped=res.stopped or "",
         reward_last=last.get("reward"), pass_rate_last=last.get("pass_rate"), gate=dg.MetadataValue.json(gate),
         step_versions=dg.MetadataValue.json({str(s["step"]): s["checkpoint_id"] for s in steps})))
 

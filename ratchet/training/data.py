@@ -20,6 +20,9 @@ TRAIN_TASKS_SQL = """
     SELECT t.*, s.split FROM tasks t
     JOIN split_assignments s ON s.kind = 'task' AND s.source_id = t.task_id
     WHERE s.split = 'train' ORDER BY t.task_id"""
+# RL's validation tasks: the val split (never trained on, never the holdout), which picks the
+# step of a GRPO run to register
+VAL_TASKS_SQL = TRAIN_TASKS_SQL.replace("s.split = 'train'", "s.split = 'val'")
 ROWS_SQL = """
     SELECT ts.record_id, ts.trajectory_id, ts.task_id, ts.consent_id, ts.owner_tenant_id,
            t.accepted, t.tests_passed, t.messages, t.tools

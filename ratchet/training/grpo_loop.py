@@ -91,6 +91,12 @@ class GRPOSettings:
     rollout_workers: int = 1           # >1: each step's episodes over that many worker processes
                                        # (ratchet.policy.rollout_pool: the same records, generation on
                                        # every core; bench/rollout.py)
+    # A step whose KL to the reference exceeds `kl_limit` (or whose mean entropy falls under
+    # `entropy_floor`) stops the run before anything of it is saved: the policy has left the region
+    # the reference vouches for (a run that collapsed was seen to jump from KL 0.0 to 1.79 in one
+    # step while its reward fell to 0). 0 turns either check off.
+    kl_limit: float = 1.0
+    entropy_floor: float = 0.0
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -106,6 +112,8 @@ class GRPOSettings:
             raise ValueError("turn_cost must be in [0, 1): a passing episode must keep a positive reward")
         if self.learning_rate <= 0 or self.temperature <= 0 or self.beta < 0:
             raise ValueError("learning_rate and temperature must be > 0, beta >= 0")
+        if self.kl_limit < 0 or self.entropy_floor < 0:
+            raise ValueError("kl_limit and entropy_floor must be >= 0 (0: off)")
 
     def bounds(self):
         from ratchet.policy.grammar import Bounds
@@ -123,6 +131,10 @@ class GRPOResult:
     wall_s: float
     parent: str
     task_ids: list[str] = field(default_factory=list)
+    # the step checkpoint to register: the best greedy pass rate on the validation tasks (ties: the
+    # earliest step), or the last one when no validation tasks were given
+    best: Path | None = None
+    stopped: str | None = None         # why the run stopped early (KL or entropy), None if it did not
 
 
 # ---------------------------------------------------------------- data order
@@ -325,11 +337,14 @@ def last_checkpoint(out_dir: str | Path) -> Path | None:
 # ---------------------------------------------------------------- the loop
 def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settings: GRPOSettings = GRPOSettings(),
                *, runtime=None, judge=None, weights=None, resume: bool = True, stop_after: int | None = None,
-               on_step: Callable[[dict], None] | None = None) -> GRPOResult:
+               on_step: Callable[[dict], None] | None = None, validation: Sequence = ()) -> GRPOResult:
     """GRPO from checkpoint `start` on `bundles` (train-split tasks). `stop_after=k` ends the call
     after step k (as a kill would after that step's checkpoint); `resume` continues from out_dir's
     last checkpoint. `on_step(row)` gets each step's metrics (MLflow logging). The observation view
-    is the start checkpoint's (`decoding.read_view`): RL samples and saves what SFT rendered."""
+    is the start checkpoint's (`decoding.read_view`): RL samples and saves what SFT rendered.
+    `validation`: tasks never trained on (the val split, never the holdout); at each checkpoint the
+    weights' greedy pass rate on them is its row's `val_pass`, and `GRPOResult.best` is the step
+    to register. A step that blows up (`blown_up`) ends the run unsaved (`GRPOResult.stopped`)."""
     import copy
 
     import torch
@@ -400,11 +415,19 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
             row = {"step": step + 1, **counts, **stats, "rollout_s": round(r0 - w0, 3),
                    "update_s": round(time.monotonic() - r0, 3), "step_s": round(time.monotonic() - w0, 3),
                    "cpu_s": round(_cpu_now() - s0, 3), "task_ids": sorted({t for t, _ in jobs})}
+            stopped = blown_up(stats, settings, step + 1)
+            if stopped:
+                row["stopped"] = stopped
             history.append(row)
             if on_step:
                 on_step(row)
+            if stopped:
+                break
             done = step + 1
             if done % settings.checkpoint_every == 0 or done == settings.steps or done == stop_after:
+                if validation:
+                    row["val_pass"] = validation_pass(model, tok, engine, validation, settings, runtime=runtime,
+                                                      judge=judge, weights=weights)
                 meta = {"stage": "rl", "parent": str(start), "settings": asdict(settings), "step": done,
                         "history": history, "cpu_s": round(cpu_before + _cpu_now() - c0, 3),
                         "wall_s": round(wall_before + time.monotonic() - t0, 3), "task_ids": task_ids}
@@ -421,9 +444,52 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
         if pool is not None:
             pool.close()
     final = last_checkpoint(out) or Path(start)
+    stopped = next((h["stopped"] for h in history if h.get("stopped")), None)
     return GRPOResult(checkpoint=final, history=history, checkpoints=saved, batches=batches,
                       cpu_s=round(cpu_before + _cpu_now() - c0, 3), wall_s=round(wall_before + time.monotonic() - t0, 3),
-                      parent=str(start), task_ids=task_ids)
+                      parent=str(start), task_ids=task_ids, best=best_checkpoint(out) or final, stopped=stopped)
+
+
+def blown_up(stats: dict, settings: GRPOSettings, step: int) -> str | None:
+    """Why this step's statistics say the run left the reference's region (None: they do not)."""
+    if settings.kl_limit and stats.get("kl", 0.0) > settings.kl_limit:
+        return f"stopped at step {step}: KL to the reference {stats['kl']:.3g} > kl_limit {settings.kl_limit}"
+    if settings.entropy_floor and stats.get("policy_tokens") and stats.get("entropy", 0.0) < settings.entropy_floor:
+        return f"stopped at step {step}: entropy {stats['entropy']:.3g} < entropy_floor {settings.entropy_floor}"
+    return None
+
+
+def validation_pass(model, tok, engine: dict, bundles: Sequence, settings: GRPOSettings, *, runtime=None,
+                    judge=None, weights=None) -> float | None:
+    """Greedy pass rate of the current weights on `bundles` (seed 0, the training turn budget and
+    decoding): what picks the step to register. None when every episode was an infra failure."""
+    from ratchet.policy.embedded.model import merged
+    from ratchet.policy.engines.transformers_engine import TransformersPolicy
+    from ratchet.policy.runner import Sampling, run_episodes
+
+    actor = merged(model)
+    policy = TransformersPolicy(actor, tok, **{**engine, "policy_id": "grpo:validation"})
+    recs = run_episodes(policy, [(b, 0) for b in bundles], runtime=runtime, judge=judge, weights=weights,
+                        sampling=Sampling(temperature=0.0, max_tokens=settings.max_tokens),
+                        max_turns=settings.max_turns, concurrency=settings.concurrency)
+    scored = [r for r in recs if r.reward is not None]
+    return round(sum(bool(r.passed) for r in scored) / len(scored), 4) if scored else None
+
+
+def best_checkpoint(out_dir: str | Path) -> Path | None:
+    """The saved step with the highest validation pass rate (ties: the earliest step: the fewest
+    updates away from the reference), or None when no step has one."""
+    best = None
+    for d in sorted(Path(out_dir).glob("step-*")):
+        meta_file = d / CHECKPOINT_META
+        if not d.is_dir() or not meta_file.exists():
+            continue
+        meta = json.loads(meta_file.read_text())
+        row = next((h for h in meta.get("history", []) if h.get("step") == meta.get("step")), {})
+        v = row.get("val_pass")
+        if v is not None and (best is None or v > best[0]):
+            best = (v, d)
+    return best[1] if best else None
 
 
 def main(argv=None) -> int:

@@ -53,6 +53,7 @@ class RecipeSettings:
     # it (on 40 problems no gain); measured with bench/rl_variant.py --turn-cost and bench/learning.py,
     # see docs/experiments/
     rl_turn_cost: float = 0.3
+    rl_kl_limit: float = 1.0           # a step past this KL to the reference stops the run (GRPOSettings.kl_limit)
     rl_updates_per_step: int = 1       # optimizer steps per batch of rollouts (GRPOSettings.updates_per_step)
     rl_minibatches: int = 1            # optimizer steps per pass over a batch, same CPU (GRPOSettings.minibatches)
     rl_temperature: float = 1.0
@@ -113,7 +114,7 @@ class RecipeSettings:
                             thought_chars=0, max_string=32, action_mask="structured", choice_only=self.choice_only,
                             masked_logprobs=self.masked_logprobs, updates_per_step=self.rl_updates_per_step,
                             minibatches=self.rl_minibatches,
-                            turn_cost=self.rl_turn_cost,
+                            turn_cost=self.rl_turn_cost, kl_limit=self.rl_kl_limit,
                             rollout_workers=self.rl_rollout_workers)
 
 
@@ -219,14 +220,15 @@ def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSetting
 
 
 def rl_stage(sft_path, bundles, out_dir, settings: RecipeSettings = RecipeSettings(), *, runtime=None, judge=None,
-             weights=None, on_step=None, resume: bool = True):
+             weights=None, on_step=None, resume: bool = True, validation=()):
     """GRPO under the recipe from the SFT checkpoint on `bundles` (train-split tasks; a curriculum
     of tasks the tenant's agents solved gives groups with passes) -> GRPOResult; resumes. The view
-    is the SFT checkpoint's (train_grpo reads it from its decoding file)."""
+    is the SFT checkpoint's (train_grpo reads it from its decoding file). `validation`: val-split
+    tasks that choose the step to register (GRPOResult.best)."""
     from ratchet.training.grpo_loop import train_grpo
 
     return train_grpo(sft_path, list(bundles), out_dir, settings.grpo(), runtime=runtime, judge=judge,
-                      weights=weights, resume=resume, on_step=on_step)
+                      weights=weights, resume=resume, on_step=on_step, validation=list(validation))
 
 
 def curriculum(bundles, rows) -> list:

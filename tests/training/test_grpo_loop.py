@@ -399,3 +399,38 @@ def test_a_killed_run_resumes_with_the_same_next_batch_and_weights(start, bundle
     assert [h["task_ids"] for h in resumed.history] == [h["task_ids"] for h in full.history]
     wf, wr = (dict(load_policy(r.checkpoint)[0].named_parameters()) for r in (full, resumed))
     assert all(torch.allclose(wf[k], wr[k], atol=1e-6) for k in wf)
+
+
+def test_the_registered_step_is_the_validation_best(start, bundles, runtime, tmp_path, monkeypatch):
+    """Every checkpoint gets its greedy pass rate on the validation tasks; `best` is the highest
+    (ties: the earliest), not the last step, which here is the worst."""
+    import ratchet.training.grpo_loop as gl
+
+    _parity_reward(monkeypatch)
+    real = gl.validation_pass
+    measured = []
+
+    def scripted(*a, **kw):            # the real measurement runs, then the test sets the outcome
+        measured.append(real(*a, **kw))
+        return [0.5, 1.0, 1.0, 0.0][len(measured) - 1]
+
+    monkeypatch.setattr(gl, "validation_pass", scripted)
+    s = GRPOSettings(**{**TINY_RL, "steps": 4, "checkpoint_every": 1})
+    res = train_grpo(start, bundles, tmp_path / "rl", s, runtime=runtime, validation=bundles[:2])
+    assert len(measured) == 4 and all(m is None or 0.0 <= m <= 1.0 for m in measured)
+    assert res.best.name == "step-00002" and res.checkpoint.name == "step-00004"
+    assert [h.get("val_pass") for h in res.history] == [0.5, 1.0, 1.0, 0.0]
+    assert res.stopped is None
+
+
+def test_a_run_whose_kl_blows_up_stops_unsaved_and_says_so(start, bundles, runtime, tmp_path, monkeypatch):
+    _parity_reward(monkeypatch)
+    s = GRPOSettings(**{**TINY_RL, "steps": 4, "checkpoint_every": 1, "kl_limit": 1e-9})
+    res = train_grpo(start, bundles, tmp_path / "rl", s, runtime=runtime)
+    # step 1 samples the reference itself (KL 0); after its update the policy has moved
+    assert [h["step"] for h in res.history] == [1, 2]
+    assert res.stopped.startswith("stopped at step 2: KL to the reference") and res.history[-1]["stopped"]
+    assert [c.name for c in res.checkpoints] == ["step-00001"] and res.checkpoint.name == "step-00001"
+    assert res.best == res.checkpoint                  # no validation: the last saved step
+    with pytest.raises(ValueError, match="kl_limit"):
+        GRPOSettings(kl_limit=-1)

@@ -141,6 +141,9 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
         assert mats[k]["mlflow_run"].value.endswith("/runs/" + mats[k]["mlflow_run_id"].value)
         assert not any(str(v).startswith("/") for v in mats[k]["lineage"].value.values()), "paths: relative to the home"
     assert mats["rl_checkpoint"]["steps"].value == 2
+    # no val-split task in this warehouse: the last saved step is the one registered
+    assert mats["rl_checkpoint"]["validation_tasks"].value == 0 and mats["rl_checkpoint"]["registered_step"].value == 2
+    assert mats["rl_checkpoint"]["stopped"].value == ""
     for k in stages:                                 # each stage says what the gate read
         assert mats[k]["gate"].value["contamination"]["passed"] is True, k
         assert mats[k]["gate"].value["training_set_violations"] == 0, k
