@@ -6,12 +6,15 @@ a subsample (it is slow); and DuckDB's own `read_json` into a table (no validati
 cores) on the whole file: what a user would try first.
 
 Also measured: peak RSS of an ingest of a file holding one 300 MB line (the record
-limit is 32 MiB; target <= 2x the limit above the process's own footprint), and the query and
+limit is 32 MiB; target <= 2x the limit above the process's own footprint); peak RSS of an
+ingest of a gzip bomb, about 1 MB of gzip holding one 1 GiB line between two good ones (target:
+<= 512 MB, the whole process); and the query and
 one-file ingest time after M one-record files were ingested in B batches (auto-compaction on),
 against a fresh warehouse holding the same rows from one file (target: within 2x).
 
     .venv/bin/python bench/ingest.py [--n 100000] [--baseline-n 5000] [--workers 0] [--repeat 3]
-        [--long-line-mb 300] [--manyfiles 20000] [--manyfiles-batches 200]   (0 skips a part)
+        [--long-line-mb 300] [--gzip-bomb-gib 1] [--manyfiles 20000] [--manyfiles-batches 200]
+        (0 skips a part)
 """
 from __future__ import annotations
 
@@ -105,6 +108,36 @@ def long_line_rss(tmp: Path, mb: int) -> dict:
     return {"peak_mb": got["peak_kb"] / 1024, "base_mb": got["base_kb"] / 1024, "workers_mb": got["children_kb"] / 1024}
 
 
+def gzip_bomb_rss(tmp: Path, gib: int) -> dict:
+    """Peak RSS of ingesting a gzip file of about `gib` MB that inflates to one `gib` GiB line
+    between two good ones (written as it is compressed, never held)."""
+    import subprocess
+    import zlib
+
+    from ratchet.synth import write_jsonl
+
+    write_jsonl(tmp / "tiny.jsonl", 1, seed=9)
+    good = (tmp / "tiny.jsonl").read_bytes()
+    f = tmp / "bomb.jsonl.gz"
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = b"x" * (1 << 20)
+    with open(f, "wb") as fh:
+        fh.write(c.compress(good.replace(b"traj-0000000", b"traj-before")))
+        fh.write(c.compress(b'{"trajectory_id": "bomb", "task_id": "t", "messages": [{"role": "user", "content": "'))
+        for _ in range(gib << 10):
+            fh.write(c.compress(block))
+        fh.write(c.compress(b'"}]}\n' + good.replace(b"traj-0000000", b"traj-after")))
+        fh.write(c.flush())
+    size = f.stat().st_size
+    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(tmp / "bomb-home"), str(f), str(tmp / "tiny.jsonl"),
+                          str(Path(__file__).resolve().parent.parent)], capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    s = got["summary"]
+    assert s["accepted"] == 2 and s["quarantine_reasons"] == {"record_too_large": 1}, s
+    f.unlink()
+    return {"peak_mb": got["peak_kb"] / 1024, "base_mb": got["base_kb"] / 1024, "file_mb": size / 1e6}
+
+
 def _timed_query(wh) -> float:
     t0 = time.perf_counter()
     with wh.connect() as con:
@@ -165,6 +198,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3, help="timed ingests (fresh warehouse each); median reported")
     ap.add_argument("--long-line-mb", type=int, default=300, help="size of the one long line (0: skip)")
+    ap.add_argument("--gzip-bomb-gib", type=int, default=1, help="GiB one gzip line inflates to (0: skip)")
     ap.add_argument("--manyfiles", type=int, default=20_000, help="one-record files for the lake test (0: skip)")
     ap.add_argument("--manyfiles-batches", type=int, default=200, help="ingests those files arrive in")
     args = ap.parse_args()
@@ -207,6 +241,7 @@ def main() -> None:
         for r in range(args.repeat):
             shutil.rmtree(tmp / f"home-{r}", ignore_errors=True)
         rss = long_line_rss(tmp, args.long_line_mb) if args.long_line_mb else None
+        bomb = gzip_bomb_rss(tmp, args.gzip_bomb_gib) if args.gzip_bomb_gib else None
         many = many_files(tmp, args.manyfiles, max(1, min(args.manyfiles_batches, args.manyfiles))) if args.manyfiles else None
 
     print(f"{'path':<44}{'trajectories/s':>16}")
@@ -219,6 +254,9 @@ def main() -> None:
         print(f"one {args.long_line_mb} MB line (limit 32 MiB): peak RSS {rss['peak_mb']:,.0f} MB "
               f"(process after warm-up {rss['base_mb']:,.0f} MB, +{rss['peak_mb'] - rss['base_mb']:,.0f} MB; "
               f"workers {rss['workers_mb']:,.0f} MB)")
+    if bomb:
+        print(f"gzip bomb ({bomb['file_mb']:.1f} MB inflating to a {args.gzip_bomb_gib} GiB line): peak RSS "
+              f"{bomb['peak_mb']:,.0f} MB (target <= 512 MB; process after warm-up {bomb['base_mb']:,.0f} MB)")
     if many:
         print(f"{many['files']:,} one-record files in {many['batches']} ingests ({many['load_s']:.0f} s, "
               f"{many['merged_parts']} parts merged on the way, {many['parts']} left): query {many['query_s']:.3f} s "
@@ -237,6 +275,8 @@ def main() -> None:
                       "peak_rss_mb_300mb_line": round(rss["peak_mb"], 1) if rss else None,
                       "rss_growth_mb_300mb_line": round(rss["peak_mb"] - rss["base_mb"], 1) if rss else None,
                       "workers_peak_rss_mb_300mb_line": round(rss["workers_mb"], 1) if rss else None,
+                      "gzip_bomb_gib": args.gzip_bomb_gib or None,
+                      "peak_rss_mb_gzip_bomb": round(bomb["peak_mb"], 1) if bomb else None,
                       "manyfiles": many["files"] if many else None,
                       "manyfiles_query_s": round(many["query_s"], 4) if many else None,
                       "manyfiles_fresh_query_s": round(many["fresh_query_s"], 4) if many else None,

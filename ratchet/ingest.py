@@ -3,12 +3,14 @@
 Every record read ends in exactly one of: accepted (a new `trajectories` row), quarantined (a
 `quarantine` row with the raw payload, file, line and reason) or duplicate (its content is
 already in the warehouse, or earlier in the same batch). So `read == accepted + quarantined +
-duplicates` for every ingest, and re-ingesting a file adds nothing: ids are content hashes.
+duplicates` for every ingest, and re-ingesting a file adds nothing: ids are content hashes, and
+a record stored before under other (or no) batch attribution is a duplicate too.
 
 A batch is atomic: its parts and quarantine rows are staged under `.staging-<batch>` and made
 visible together with its `ingest_batches` row in one transaction (`Warehouse.commit_batch`); an
-aborted or killed batch leaves nothing visible, and the next ingest removes its debris. Folder
-entries that are not regular files are skipped with a reason (`ingest_files.status = 'skipped'`);
+aborted or killed batch leaves nothing visible, and the next ingest removes its debris; its
+spawned workers die with it. Folder entries that are not regular files, and hidden ones, are
+skipped with a reason (`ingest_files.status = 'skipped'`);
 SWE-bench reports read as side inputs of predictions are recorded with status `side_input`.
 """
 from __future__ import annotations
@@ -113,14 +115,32 @@ def _collect_reports(files: list[tuple[Path, Path]]) -> tuple[dict, set[Path]]:
     return reports, used
 
 
+REPORT_MAX_BYTES = 32 << 20     # a SWE-bench report or run summary is kilobytes to a few MB
+REPORT_SNIFF_BYTES = 64 << 10
+
+
 def _report_file(f: Path) -> dict | None:
+    """A SWE-bench report's entries, or None. Every `.json` input is asked, so the file is
+    sniffed first (its first 64 KiB: a JSON object naming `resolved...`) and parsed whole only
+    then: parsing a large array of records just to learn it is not a report held ~7x its size."""
     try:
-        if check_regular(f).st_size > 256 << 20:
+        if check_regular(f).st_size > REPORT_MAX_BYTES:
             return None
         with open_regular(f) as fh:
-            return swebench.report_entries(orjson.loads(fh.read()))
+            head = fh.read(REPORT_SNIFF_BYTES)
+            if not _looks_like_report(head):
+                return None
+            return swebench.report_entries(orjson.loads(head + fh.read()))
     except (orjson.JSONDecodeError, SkipFile, OSError):
         return None
+
+
+def _looks_like_report(head: bytes) -> bool:
+    """A report (`{"<instance>": {..., "resolved": ...}}`) or a run summary (`{"total_instances":
+    ..., "resolved_ids": [...]}`) starts as an object and names a `resolved` key early on."""
+    body = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    return body.startswith(b"{") and (b'"resolved' in head or b'"total_instances"' in head
+                                      or b'"submitted_instances"' in head)
 
 
 def _reports_near(files: Iterable[Path], reports: dict) -> None:
@@ -261,7 +281,7 @@ def _ingest(files, skipped, paths, warehouse: Warehouse, opts: IngestOptions, pr
             if callable(progress):
                 progress(bar.n, total)
         writer.finish()
-        if any(any(a.values()) for a in attributions.values()) and writer.parts:
+        if writer.parts and writer.stored:  # (an empty warehouse holds nothing to be a duplicate of)
             _drop_reattributed(warehouse, writer, per_file)
         for sk in skipped:
             summary.skipped += 1
@@ -329,18 +349,31 @@ _CONTENT_CMP = [n for n in CONTENT_NAMES if n not in ("record_id", "tenant_id", 
 
 
 def _drop_reattributed(wh: Warehouse, writer: BatchWriter, per_file: dict) -> None:
-    """A record already stored under another tenant/consent (the same file ingested again with
-    another --tenant, or another _batch.yaml) is not a second copy: it counts as a duplicate, the
-    stored attribution stands, and the summary says how many (`attribution_conflicts`)."""
+    """A record already stored under another tenant/consent, or under one where this ingest gives
+    none (the same file ingested again with another --tenant, another _batch.yaml, or no
+    attribution at all), is not a second copy: it counts as a duplicate, the stored attribution
+    stands, and the summary says how many (`attribution_conflicts`).
+
+    Two steps, so an ingest pays for the full comparison only when it can matter: the batch's
+    (trajectory_id, record_id) pairs against the lake's (two narrow columns), then the content
+    of the few rows whose trajectory_id is stored with another record_id."""
     import pyarrow.parquet as pq
 
     files = ", ".join("'" + str(p).replace("'", "''") + "'" for p, _ in writer.parts)
     cond = " AND ".join(f'b."{n}" IS NOT DISTINCT FROM t."{n}"' for n in _CONTENT_CMP)
     with wh.connect() as con:
+        candidates = con.execute(f"""
+            SELECT DISTINCT b.record_id FROM (SELECT record_id, trajectory_id FROM read_parquet([{files}])) b
+            JOIN (SELECT trajectory_id, record_id FROM trajectories) t
+              ON t.trajectory_id = b.trajectory_id AND t.record_id <> b.record_id""").fetchall()
+        if not candidates:
+            return
         hits = con.execute(f"""
-            SELECT DISTINCT b.record_id, b.source_file FROM read_parquet([{files}]) b
+            SELECT DISTINCT b.record_id, b.source_file
+            FROM (SELECT * FROM read_parquet([{files}]) WHERE record_id IN (SELECT unnest(?))) b
             JOIN trajectories t ON t.trajectory_id = b.trajectory_id AND t.record_id <> b.record_id AND {cond}
-            WHERE t.tenant_id IS DISTINCT FROM b.tenant_id OR t.consent_id IS DISTINCT FROM b.consent_id""").fetchall()
+            WHERE t.tenant_id IS DISTINCT FROM b.tenant_id OR t.consent_id IS DISTINCT FROM b.consent_id""",
+                           [[r for r, in candidates]]).fetchall()
     if not hits:
         return
     drop = {r for r, _ in hits}

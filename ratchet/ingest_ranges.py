@@ -2,6 +2,7 @@
 stage Parquet parts; results come back in file order with bounded work in flight."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -21,13 +22,42 @@ class NoPandas:
         return None
 
 
+def die_with_parent() -> None:
+    """Make this worker end when the ingest that started it does, even by SIGKILL (an idle worker
+    blocks on a queue it holds both ends of, so it would wait forever, holding its memory; the
+    resource tracker, whose pipe the workers hold open, lived on with them).
+
+    PR_SET_PDEATHSIG has the kernel SIGKILL the worker when its parent thread ends: the ingest's
+    thread starts the workers and outlives them (the pool is shut down before `ingest` returns).
+    The parent may already be gone before this runs (spawn and imports take a while), so its pid
+    is checked after; and a polling thread (pool_workers.exit_with_parent) covers systems without
+    prctl."""
+    import ctypes
+    import multiprocessing as mp
+    import signal
+
+    from ratchet.pool_workers import exit_with_parent
+
+    parent = mp.parent_process()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(70)  # orphaned before the signal was armed
+    exit_with_parent()
+
+
 def worker_init() -> None:
-    """Runs once in each spawned worker, before its first range. pyarrow imports pandas on its
+    """Runs once in each spawned worker, before its first range: the worker dies with the
+    ingest (`die_with_parent`). pyarrow imports pandas on its
     first `pa.array` call only to test whether the input is a pandas object: 0.3 s of CPU per
     worker (measured), ~6% of a 100k-record ingest on 2 cores. A worker only ever hands it
     Python lists, so pandas is made unimportable here (ImportError: pyarrow skips the check)."""
     import sys
 
+    die_with_parent()
     if "pandas" not in sys.modules:
         sys.meta_path.insert(0, NoPandas)
     import pyarrow.parquet  # noqa: F401

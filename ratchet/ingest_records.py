@@ -17,6 +17,8 @@ from ratchet.contract import CONTENT_NAMES, RecordError, normalise
 from ratchet.native import fast_values
 from ratchet.readers import Raw, unflatten
 from ratchet.readers import loads as _loads
+from ratchet.readers.documents import DUPLICATE
+from ratchet.readers.json_codec import duplicate_key, too_deep
 from ratchet.warehouse import STORED_SCHEMA
 
 
@@ -73,7 +75,8 @@ def normalise_chunk(items: list, ctx: FileContext, nul_free: bool = False) -> Ch
             try:
                 obj = decode_record(raw, max_bytes)
                 fmt = adapters.exported_format(obj)
-                if fmt is not None:  # a warehouse row read back: re-normalised as its own format
+                exported = fmt is not None
+                if exported:  # a warehouse row read back: re-normalised as its own format
                     native = unflatten(dict(obj))
                 else:
                     fmt = adapters.detect(obj)
@@ -84,7 +87,7 @@ def normalise_chunk(items: list, ctx: FileContext, nul_free: bool = False) -> Ch
                     if not native.get(k) and attribution.get(k):
                         native = {**native, k: attribution[k]}
                 row = normalise(native, fmt, allow_empty_messages=fmt == swebench.NAME,
-                                derive_ids=fmt in adapters.DERIVE_IDS)
+                                derive_ids=fmt in adapters.DERIVE_IDS, exported=exported)
             except RecordError as e:
                 res.bad.append((raw, e.code, e.detail, fmt))
                 continue
@@ -159,14 +162,28 @@ def decode_record(raw: Raw, max_bytes: int):
     if raw.obj is not None:
         return raw.obj
     try:
-        return _loads(raw.payload)
+        obj = _loads(raw.payload)
     except ValueError as e:  # orjson.JSONDecodeError, or msgspec's error for payloads with long digit runs
         try:
             raw.payload.decode("utf-8")
         except UnicodeDecodeError as u:
             raise RecordError("invalid_utf8", f"byte {u.start}: {u.reason}") from None
         msg = str(e)
+        if too_deep(e):
+            raise RecordError("too_deep", f"the record nests deeper than JSON is read here (1024 levels): {msg}") from None
         if "out of range" in msg:
             raise RecordError("out_of_range", f"a number cannot be represented: {msg}") from None
         truncated = "EOF" in msg or "end of" in msg.lower() or "truncated" in msg
         raise RecordError("truncated_json" if truncated else "invalid_json", msg) from None
+    check_keys(raw.payload, obj)
+    return obj
+
+
+def check_keys(payload: bytes, obj) -> None:
+    """Refuse a record that writes a key twice in one object (RecordError duplicate_key)."""
+    try:
+        dup = duplicate_key(payload, obj)
+    except RecursionError:
+        raise RecordError("too_deep", "the record nests too deeply to read") from None
+    if dup is not None:
+        raise RecordError("duplicate_key", DUPLICATE.format(dup))

@@ -26,6 +26,7 @@ class BatchWriter:
         self.landing = landing
         self._file_keys: dict[str, str] = {}
         self.seen: set[str] = wh.trajectory_ids()
+        self.stored = len(self.seen)                 # rows in the warehouse before this batch
         with wh.connect() as con:
             self.seen.update(r[0] for r in con.execute("SELECT quarantine_id FROM quarantine").fetchall())
         self.per_file: Counter = Counter()

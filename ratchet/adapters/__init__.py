@@ -6,11 +6,11 @@ from pathlib import Path
 
 from ratchet.contract import SCHEMA_VERSION, RecordError
 
-from . import atif, chat, mini_swe_agent, swe_agent, swebench
+from . import anthropic, atif, chat, mini_swe_agent, swe_agent, swebench
 
 NATIVE = "openai_chat"
-FORMATS = (NATIVE, mini_swe_agent.NAME, swe_agent.NAME, atif.NAME, swebench.NAME, *chat.NAMES)
-DERIVE_IDS = frozenset(chat.NAMES)  # formats whose missing ids are derived (contract.normalise)
+FORMATS = (NATIVE, mini_swe_agent.NAME, swe_agent.NAME, atif.NAME, swebench.NAME, anthropic.NAME, *chat.NAMES)
+DERIVE_IDS = frozenset((*chat.NAMES, anthropic.NAME))  # formats whose missing ids are derived (contract.normalise)
 
 
 def exported_format(rec: object) -> str | None:
@@ -28,7 +28,11 @@ def detect(rec: object) -> str:
         from ratchet.readers import is_message_list
 
         if is_message_list(rec):
-            return mini_swe_agent.NAME if mini_swe_agent.matches_messages(rec) else chat.MESSAGE_LIST
+            if mini_swe_agent.matches_messages(rec):
+                return mini_swe_agent.NAME
+            if anthropic.matches_messages(rec):
+                return anthropic.NAME
+            return chat.OPENAI_FUNCTIONS if chat.matches_functions(rec) else chat.MESSAGE_LIST
     if not isinstance(rec, dict):
         raise RecordError("not_object", f"a record must be a JSON object, got {type(rec).__name__}")
     if atif.matches(rec):
@@ -41,6 +45,10 @@ def detect(rec: object) -> str:
         return swebench.NAME
     if chat.matches_sharegpt(rec):
         return chat.SHAREGPT
+    if anthropic.matches(rec):
+        return anthropic.NAME
+    if chat.matches_functions(rec.get("messages")):
+        return chat.OPENAI_FUNCTIONS
     if "messages" in rec:
         return chat.OPENAI if chat.matches_openai(rec) and rec.get("schema_version") is None else NATIVE
     keys = ", ".join(sorted(map(str, rec))[:12])
@@ -54,5 +62,7 @@ def to_native(fmt: str, rec, source: Path | None, reports: dict | None = None) -
         return chat.to_native(fmt, rec, source)
     if fmt == swebench.NAME:
         return swebench.to_native(rec, source, reports or {})
+    if fmt == anthropic.NAME:
+        return anthropic.to_native(rec, source)
     mod = {atif.NAME: atif, swe_agent.NAME: swe_agent, mini_swe_agent.NAME: mini_swe_agent}[fmt]
     return mod.to_native(rec, source)

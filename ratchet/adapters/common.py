@@ -1,4 +1,6 @@
-"""Helpers shared by the adapters."""
+"""Helpers shared by the adapters. An adapter maps what has a place in the contract and keeps
+every other key of the source (`rest`, `attach`): top-level keys go to the record (which keeps
+unknown ones in `extra`), per-step and per-message keys to the stored message."""
 from __future__ import annotations
 
 import hashlib
@@ -6,6 +8,8 @@ import re
 from pathlib import Path
 
 import orjson
+
+from ratchet.contract.validate import keep
 
 _SWE_ID = re.compile(r"^(?P<owner>[\w.-]+)__(?P<name>[\w.-]+)-(?P<num>\d+)$")
 
@@ -35,3 +39,16 @@ def stable_id(prefix: str, rec: dict) -> str:
 def tool_call(call_id: str, name: str, arguments) -> dict:
     args = arguments if isinstance(arguments, str) else orjson.dumps(arguments if arguments is not None else {}).decode()
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def rest(d: dict, used) -> dict:
+    """The keys of `d` an adapter did not map."""
+    return {k: v for k, v in d.items() if k not in used}
+
+
+def attach(target: dict, extras: dict) -> dict:
+    """Keep `extras` in `target` (a message, a call, a record's extra): a key already there with
+    another value goes to `ratchet_unmapped` instead, never over it (contract.keep)."""
+    for k, v in extras.items():
+        keep(target, k, v)
+    return target

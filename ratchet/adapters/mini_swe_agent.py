@@ -11,13 +11,15 @@ a bare array of its messages (older runs and its own test data).
 
 Each action becomes a `bash` tool call and each observation its `tool` result (every action, not
 only the first). A text turn whose block count is not exactly one was a format error in
-mini-swe-agent and ran nothing: it stays a plain message."""
+mini-swe-agent and ran nothing: it stays a plain message. Nothing is dropped: `info` goes to
+`extra.info` but for what has a column (the submission, `model_stats.instance_cost`), and the
+file's other top-level keys go to `extra` too."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from .common import instance_from_path, repo_of, stable_id, tool_call
+from .common import attach, instance_from_path, repo_of, rest, stable_id, tool_call
 
 NAME = "mini_swe_agent"
 _BLOCK = re.compile(r"```(?:bash|sh|mswea_bash_command)\s*\n(.*?)```", re.S)
@@ -101,9 +103,12 @@ def to_native(rec, source: Path | None) -> dict:
              "mini_version": info.get("mini_version"), "trajectory_format": rec.get("trajectory_format")}
     if exits:
         extra["exit_messages"] = exits
-    rest = {k: v for k, v in info.items() if k not in ("model_stats", "exit_status", "submission", "mini_version")}
-    if rest:
-        extra["info"] = rest
+    info_rest = rest(info, ("model_stats", "exit_status", "submission", "mini_version"))
+    if "model_stats" in info and (not isinstance(info["model_stats"], dict) or rest(stats, ("instance_cost", "api_calls"))):
+        info_rest["model_stats"] = rest(stats, ("instance_cost", "api_calls")) if stats else info["model_stats"]
+    if info_rest:
+        extra["info"] = info_rest
+    attach(extra, rest(rec, ("info", "messages", "trajectory_format", "instance_id")))
     return {
         "trajectory_id": f"mini-swe-agent:{inst}" if inst else stable_id("mini-swe-agent", rec),
         "task_id": inst, "issue_id": inst, "repo": repo_of(inst),

@@ -34,7 +34,7 @@ def to_native(rec: dict, source: Path | None, reports: dict) -> dict:
     inst = rec.get("instance_id")
     model = rec.get("model_name_or_path")
     rep = reports.get(inst) or {}
-    status = rep.get("tests_status") if isinstance(rep.get("tests_status"), dict) else None
+    status = rep.get("tests_status")
     resolved = rep.get("resolved") if isinstance(rep.get("resolved"), bool) else None
     return {
         "trajectory_id": f"swebench:{model}:{inst}", "task_id": inst, "issue_id": inst,
@@ -42,6 +42,9 @@ def to_native(rec: dict, source: Path | None, reports: dict) -> dict:
         "deliverable": {"patch": rec.get("model_patch") or None},
         "outcome": {"tests_passed": resolved},
         "extra": {"report": {"found": bool(rep), "tests_status": status,
-                             "patch_applied": rep.get("patch_successfully_applied")},
+                             "patch_applied": rep.get("patch_successfully_applied"),
+                             **{k: v for k, v in rep.items()      # the report's other keys, as it has them
+                                if k not in ("tests_status", "patch_successfully_applied")
+                                and not (k == "resolved" and resolved is not None)}},
                   **{k: v for k, v in rec.items() if k not in ("instance_id", "model_name_or_path", "model_patch")}},
     }

@@ -16,7 +16,7 @@ A native record is one JSON object (one JSONL line):
      "environment": {"id": "env://...", "digest": "sha256:..."},
      "extra": {...anything else...}}
 
-Unknown top-level keys are kept in `extra`, never dropped.
+Every key no column takes is kept in `extra`, at every level (`contract.validate.normalise`).
 
 The package, one module per concern (every name below stays importable from `ratchet.contract`):
 `schema` (the Arrow table shape, `RecordError`), `model` (the typed `Trajectory`), `validate`

@@ -1,7 +1,7 @@
 """`normalise()`: validate one native record (or a foreign one an adapter mapped) into its
 content row. Checks types and ranges field by field, OpenAI chat messages (every tool result
 answers an earlier open call), approvals and times; refusals are `RecordError`s with a stable
-code. Unknown top-level keys go to `extra`, never dropped."""
+code. Every key of the record is mapped to a column or kept in `extra` (see `normalise`)."""
 from __future__ import annotations
 
 import hashlib
@@ -23,16 +23,23 @@ from ratchet.contract.schema import (
 from ratchet.contract.timestamps import parse_ts
 from ratchet.readers.json_codec import dumps
 
+# The nested objects and the keys of each that have a column; the same keys may sit at the top
+# level instead (the flat form, a warehouse export's), with `environment_` before id and digest.
+_NESTED = {"deliverable": ("patch",), "outcome": ("tests_passed", "accepted", "human_edited"),
+           "usage": ("prompt_tokens", "completion_tokens", "cost_usd", "latency_s"), "environment": ("id", "digest")}
+_FLAT = {k: tuple(f"environment_{x}" if k == "environment" else x for x in keys) for k, keys in _NESTED.items()}
 _MAPPED = frozenset({
     "schema_version", "trajectory_id", "id", "tenant_id", "consent_id", "task_id", "repo",
-    "issue_id", "agent_id", "started_at", "ended_at", "messages", "tools", "approvals",
-    "deliverable", "outcome", "usage", "environment", "extra", "patch", "tests_passed",
-    "accepted", "human_edited", "prompt_tokens", "completion_tokens", "cost_usd", "latency_s",
-    "environment_id", "environment_digest",
-    # Derived or ingest-time columns (present when re-reading a warehouse export): recomputed.
-    "record_id", "source_format", "prompt_text", "n_messages", "n_turns", "n_tool_calls", "source_file",
-    "source_line", "batch_id", "ingested_at", "id_clash",
+    "issue_id", "agent_id", "started_at", "ended_at", "messages", "tools", "approvals", "extra",
+    *_NESTED, *(k for keys in _FLAT.values() for k in keys),
 })
+# Derived or ingest-time columns of a warehouse export, recomputed when it is re-read. In any
+# other record they are the source's own keys, kept in `extra` like any unknown key.
+_RECOMPUTED = frozenset({"record_id", "source_format", "prompt_text", "n_messages", "n_turns", "n_tool_calls",
+                         "source_file", "source_line", "batch_id", "ingested_at", "id_clash"})
+# Where a source value goes when `extra` already holds another value under its name.
+UNMAPPED_KEY = "ratchet_unmapped"
+_APPROVAL_KEYS = frozenset({"step", "approver", "decision", "at", "time", "note"})
 
 
 def _opt_str(rec: dict, key: str, path: str | None = None) -> str | None:
@@ -175,6 +182,11 @@ def _approvals(raw: Any) -> list[dict]:
                    "at": _iso(parse_ts(a.get("at") or a.get("time"), "at")), "note": _opt_str(a, "note")}
         except RecordError as e:
             raise RecordError(e.code, f"approvals[{i}].{e.detail}") from None
+        other = a.keys() - _APPROVAL_KEYS
+        if a.get("at") and "time" in a:
+            other.add("time")  # `at` was read, so `time` is kept as it came
+        for k in sorted(other):  # after the five columns' keys, which v_approvals reads
+            row[k] = a[k]
         out.append(row)
     return out
 
@@ -192,6 +204,59 @@ def _sub(rec: dict, key: str) -> dict:
     return v
 
 
+def _same(a, b) -> bool:
+    """Equal as JSON values (1, 1.0 and True are three values here)."""
+    return type(a) is type(b) and (a == b if isinstance(a, (str, int, float, type(None))) else
+                                   dumps(a, sort_keys=True) == dumps(b, sort_keys=True))
+
+
+def keep(extra: dict, key: str, value) -> None:
+    """Store a source value that no column holds in `extra` under `key`. Never over another value:
+    objects are merged key by key, and a value clashing with what `extra` already holds under
+    that name goes to `extra[UNMAPPED_KEY]` (then `ratchet_unmapped_2`, ...), so nothing is lost."""
+    if key not in extra or _same(extra[key], value):
+        extra[key] = value
+        return
+    cur = extra[key]
+    if isinstance(cur, dict) and isinstance(value, dict):
+        merged = dict(cur)
+        for k, v in value.items():
+            keep(merged, k, v)
+        extra[key] = merged
+        return
+    n = 1
+    while True:
+        name = UNMAPPED_KEY if n == 1 else f"{UNMAPPED_KEY}_{n}"
+        bucket = extra.get(name, {})
+        if isinstance(bucket, dict) and (key not in bucket or _same(bucket[key], value)):
+            extra[name] = {**bucket, key: value}
+            return
+        n += 1
+
+
+def _unmapped(rec: dict, exported: bool) -> dict:
+    """The record's keys that no column takes, by the name they go under in `extra`: unknown
+    top-level keys; the unknown keys of `deliverable` / `outcome` / `usage` / `environment` (under
+    that name: `extra.usage.total_tokens`); a flat key (`cost_usd`) next to its nested object,
+    which is what the column reads; `id` when `trajectory_id` is given too, and differs."""
+    out: dict = {}
+    for k, v in rec.items():
+        if k not in _MAPPED and (not exported or k not in _RECOMPUTED):
+            out[k] = v
+    for name, keys in _NESTED.items():
+        sub = rec.get(name)
+        if isinstance(sub, dict):
+            rest = {k: v for k, v in sub.items() if k not in keys}
+            if rest:
+                out[name] = rest
+            for k in _FLAT[name]:
+                if k in rec:
+                    out[k] = rec[k]
+    if "id" in rec and "trajectory_id" in rec and not _same(rec["id"], rec["trajectory_id"]):
+        out["id"] = rec["id"]
+    return out
+
+
 def prompt_text(messages: list[dict]) -> str:
     """The task context a policy sees: the system prompt and the first user message."""
     parts = []
@@ -205,7 +270,7 @@ def prompt_text(messages: list[dict]) -> str:
 
 
 def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages: bool = False,
-              derive_ids: bool = False) -> dict:
+              derive_ids: bool = False, exported: bool = False) -> dict:
     """Validate one native record and return its content row (CONTENT_FIELDS keys; nested
     columns as JSON text). May rewrite non-canonical tool-call arguments in `rec` in place.
 
@@ -215,9 +280,13 @@ def normalise(rec: Any, source_format: str = "openai_chat", allow_empty_messages
     24 hex digits of sha256 over the canonical messages and tools; each derived name is listed in
     `extra.ratchet_derived`, so governance can tell a derived id from a given one.
 
+    Nothing of the record is dropped: a key no column takes is kept in `extra` (see `_unmapped`
+    and `keep`), so two records that differ anywhere get different record_ids. `exported`: the
+    record is a warehouse row read back, whose derived and ingest-time columns are recomputed.
+
     Raises RecordError with a stable code; the caller quarantines the raw payload."""
     try:
-        return _normalise(rec, source_format, allow_empty_messages, derive_ids)
+        return _normalise(rec, source_format, allow_empty_messages, derive_ids, exported)
     except RecursionError:
         raise RecordError("too_deep", "the record nests too deeply to read") from None
     except (orjson.JSONEncodeError, msgspec.EncodeError, OverflowError) as e:  # an int beyond 64 bits, or depth
@@ -233,12 +302,14 @@ def derived_task_id(prompt: str, messages_text: str) -> str:
     return "prompt:" + hashlib.sha256((prompt or messages_text).encode()).hexdigest()[:16]
 
 
-def _normalise(rec: Any, source_format: str, allow_empty_messages: bool, derive_ids: bool = False) -> dict:
+def _normalise(rec: Any, source_format: str, allow_empty_messages: bool, derive_ids: bool = False,
+               exported: bool = False) -> dict:
     if not isinstance(rec, dict):
         raise RecordError("not_object", f"a record must be a JSON object, got {type(rec).__name__}")
     sv = rec.get("schema_version") or SCHEMA_VERSION
     if sv != SCHEMA_VERSION:
         raise RecordError("unsupported_version", f"schema_version {sv!r:.60} (this reader knows {SCHEMA_VERSION})")
+    unknown = _unmapped(rec, exported)
     if "trajectory_id" not in rec and "id" in rec:
         rec = {**rec, "trajectory_id": rec["id"]}
     derived = []
@@ -272,12 +343,15 @@ def _normalise(rec: Any, source_format: str, allow_empty_messages: bool, derive_
     ended = parse_ts(rec.get("ended_at"), "ended_at")
     if started and ended and ended < started:
         raise RecordError("out_of_range", "ended_at is before started_at")
-    extra = rec.get("extra") or {}
-    if not isinstance(extra, dict):
+    extra = rec.get("extra")
+    if extra is None or (not extra and isinstance(extra, (list, str))):
+        extra = {}  # empty: nothing to keep
+    elif not isinstance(extra, dict):  # a value (0, false, [1]) that could be kept nowhere
         raise RecordError("wrong_type", "extra must be an object")
-    unknown = {k: v for k, v in rec.items() if k not in _MAPPED}
     if unknown:
-        extra = {**extra, **unknown}
+        extra = dict(extra)
+        for k, v in unknown.items():
+            keep(extra, k, v)
     if derived:
         extra = {**extra, DERIVED_KEY: sorted(derived)}
     row = {
@@ -287,7 +361,7 @@ def _normalise(rec: Any, source_format: str, allow_empty_messages: bool, derive_
         "task_id": task, "repo": _opt_str(rec, "repo"), "issue_id": _opt_str(rec, "issue_id"),
         "agent_id": _opt_str(rec, "agent_id"), "started_at": started, "ended_at": ended,
         "messages": mtext, "tools": _tools_json(tools),
-        "approvals": orjson.dumps(_approvals(rec.get("approvals"))).decode(), "patch": patch,
+        "approvals": dumps(_approvals(rec.get("approvals"))).decode(), "patch": patch,
         "tests_passed": _opt_bool(outcome, "tests_passed", "outcome.tests_passed"),
         "accepted": _opt_bool(outcome, "accepted", "outcome.accepted"),
         "human_edited": _opt_bool(outcome, "human_edited", "outcome.human_edited"),

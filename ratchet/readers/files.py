@@ -14,13 +14,15 @@ from typing import BinaryIO
 import yaml
 
 SIDECAR = "_batch.yaml"
+HIDDEN = "a hidden {} (its name starts with a dot) is not read in a folder: give its path to ingest it"
 
 
 @dataclass(slots=True, frozen=True)
 class Skipped:
     """A folder entry that is not read: one reason per entry, recorded in `ingest_files`."""
     path: Path
-    code: str                   # symlink_loop | dangling_symlink | not_regular_file | unreadable_file | unreadable_folder | vanished
+    code: str                   # symlink_loop | dangling_symlink | not_regular_file | unreadable_file | unreadable_folder
+                                # | vanished | hidden_file | hidden_folder
     detail: str
 
 
@@ -79,10 +81,11 @@ def open_regular(path: Path) -> BinaryIO:
 
 def discover(paths: list[str | os.PathLike]) -> tuple[list[tuple[Path, Path]], list[Skipped]]:
     """Regular files under the given paths as (file, root it was found under), sorted, without
-    hidden files or batch sidecars; and every other entry (link loop, dangling link, FIFO,
-    socket, device, unreadable file or folder) as a `Skipped` with its reason. Symlinked folders
-    are followed once (a folder already visited is a loop). A missing input path raises:
-    silently ingesting nothing hides typos."""
+    batch sidecars; and every other entry (link loop, dangling link, FIFO, socket, device,
+    unreadable file or folder, a hidden file or folder found in a folder) as a `Skipped` with its
+    reason. A hidden folder is not entered (`.git` is one row); a hidden path given by name is
+    read. Symlinked folders are followed once (a folder already visited is a loop). A missing
+    input path raises: silently ingesting nothing hides typos."""
     out: list[tuple[Path, Path]] = []
     skipped: list[Skipped] = []
 
@@ -123,6 +126,7 @@ def discover(paths: list[str | os.PathLike]) -> tuple[list[tuple[Path, Path]], l
             keep = []
             for d in sorted(dirnames):
                 if d.startswith("."):
+                    skipped.append(Skipped(Path(dirpath) / d, "hidden_folder", HIDDEN.format("folder")))
                     continue
                 full = Path(dirpath) / d
                 try:
@@ -133,7 +137,9 @@ def discover(paths: list[str | os.PathLike]) -> tuple[list[tuple[Path, Path]], l
                     skipped.append(Skipped(full, s.code, s.detail))
             dirnames[:] = keep
             for f in sorted(filenames):
-                if not f.startswith(".") and f != SIDECAR:
+                if f.startswith("."):
+                    skipped.append(Skipped(Path(dirpath) / f, "hidden_file", HIDDEN.format("file")))
+                elif f != SIDECAR:
                     add(Path(dirpath) / f, root)
     seen, unique = set(), []
     for f, r in out:

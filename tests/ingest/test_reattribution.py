@@ -1,0 +1,47 @@
+"""A record already stored is a duplicate whatever attribution a later ingest gives it: another
+tenant, or none at all (the same file ingested again without --tenant or its `_batch.yaml`)."""
+import json
+
+from ratchet import samples
+from ratchet.ingest import IngestOptions, ingest
+
+GOOD = {"task_id": "t", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _one(wh, sql):
+    with wh.connect() as con:
+        return con.execute(sql).fetchall()
+
+
+def test_the_same_file_again_without_tenant_is_a_duplicate(tmp_path, wh):
+    f = tmp_path / "x.traj.json"
+    f.write_text(json.dumps(samples.mini_swe_agent_traj()))
+    assert ingest([f], wh, IngestOptions(tenant_id="acme", consent_id="C-ACME")).accepted == 1
+    s = ingest([f], wh)
+    assert (s.read, s.accepted, s.duplicates, s.attribution_conflicts) == (1, 0, 1, 1), s.as_dict()
+    assert _one(wh, "SELECT tenant_id, consent_id FROM trajectories") == [("acme", "C-ACME")]
+    assert _one(wh, "SELECT accepted, duplicates FROM ingest_files WHERE batch_id = "
+                    f"'{s.batch_id}'") == [(0, 1)]
+
+
+def test_a_sidecar_folder_read_again_without_its_sidecar(tmp_path, wh):
+    d = tmp_path / "landing" / "team"
+    d.mkdir(parents=True)
+    (d / "_batch.yaml").write_text("tenant_id: initech\nconsent_id: C-I\n")
+    lines = [json.dumps({**GOOD, "trajectory_id": f"r{i}"}) for i in range(5)]
+    (d / "a.jsonl").write_text("\n".join(lines) + "\n")
+    assert ingest([tmp_path / "landing"], wh).accepted == 5
+    (d / "_batch.yaml").unlink()
+    (d / "a.jsonl").write_text("\n".join(lines + [json.dumps({**GOOD, "trajectory_id": "new"})]) + "\n")
+    s = ingest([tmp_path / "landing"], wh)
+    assert (s.read, s.accepted, s.duplicates, s.attribution_conflicts) == (6, 1, 5, 5), s.as_dict()
+    assert s.read == s.accepted + s.quarantined + s.duplicates
+    assert _one(wh, "SELECT count(*), count(tenant_id) FROM trajectories") == [(6, 5)]
+
+
+def test_other_content_under_the_same_id_is_still_a_new_record(tmp_path, wh):
+    (tmp_path / "a.jsonl").write_text(json.dumps({**GOOD, "trajectory_id": "x"}) + "\n")
+    assert ingest([tmp_path / "a.jsonl"], wh, IngestOptions(tenant_id="acme")).accepted == 1
+    (tmp_path / "b.jsonl").write_text(json.dumps({**GOOD, "trajectory_id": "x", "repo": "other"}) + "\n")
+    s = ingest([tmp_path / "b.jsonl"], wh)
+    assert (s.accepted, s.attribution_conflicts, s.id_clashes) == (1, 0, 1)

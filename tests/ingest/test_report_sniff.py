@@ -1,0 +1,35 @@
+"""Every `.json` input is asked whether it is a SWE-bench report; a large array of records must
+not be parsed whole to find out (it was: 1.75 GB of RSS for a 248 MB array then refused)."""
+import json
+
+import pytest
+
+from ratchet import ingest as ing
+from tests.ingest.test_compressed_bounds import MIB, _ingest_in_child
+
+REC = json.dumps({"trajectory_id": "a", "task_id": "t", "messages": [{"role": "user", "content": "x"}]}).encode()
+
+
+@pytest.mark.timeout(180)
+def test_a_large_json_array_is_not_parsed_to_look_for_reports(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    n = (140 * MIB) // (len(REC) + 1)  # past the 128 MiB document limit: refused once, never held whole
+    with open(d / "big.json", "wb") as f:
+        f.write(b"[" + b",".join(REC for _ in range(n)) + b"]")
+    out = _ingest_in_child(tmp_path, d)   # asserts the child's peak RSS stayed within the budget
+    assert [q[0] for q in out["quarantine"]] == ["record_too_large"]
+
+
+def test_report_sniff(tmp_path):
+    report = {"astropy__astropy-12907": {"patch_is_None": False, "patch_exists": True,
+                                         "patch_successfully_applied": True, "resolved": True}}
+    summary = {"total_instances": 2, "submitted_instances": 2, "completed_ids": ["a"] * 20_000, "resolved_ids": ["a"]}
+    records = [{"instance_id": "a", "model_patch": "", "note": "resolved"}] * 10
+    for name, obj, found in (("r.json", report, True), ("s.json", summary, True), ("p.json", records, False)):
+        (tmp_path / name).write_text(json.dumps(obj))
+        assert (ing._report_file(tmp_path / name) is not None) is found, name
+    # sniffed out from its head alone: the invalid tail is never read
+    (tmp_path / "head.json").write_bytes(b'[{"trajectory_id": "a"}' + b" " * (2 * ing.REPORT_SNIFF_BYTES) + b"\xff")
+    assert ing._report_file(tmp_path / "head.json") is None
+    assert not ing._looks_like_report(b'[{"resolved": true}]') and ing._looks_like_report(b'\xef\xbb\xbf {"x": {"resolved"')

@@ -1,0 +1,93 @@
+"""Deep nesting is `too_deep`, a key written twice in one object is quarantined as
+`duplicate_key` (with the raw text, both values in it), and hidden files and folders inside an
+input folder get a `skipped` row each."""
+import json
+
+import orjson
+import pytest
+
+from ratchet.ingest import ingest
+from ratchet.readers.json_codec import duplicate_key, loads
+
+GOOD = {"task_id": "t", "messages": [{"role": "user", "content": "hi"}]}
+CHAT = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}
+
+
+def _quarantine(wh):
+    with wh.connect() as con:
+        return con.execute("SELECT reason_code, source_line, reason, raw FROM quarantine ORDER BY source_line").fetchall()
+
+
+def _deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+def test_deep_nesting_is_too_deep_not_invalid_json(tmp_path, wh):
+    d = tmp_path / "in"
+    d.mkdir()
+    beyond = json.dumps({**GOOD, "trajectory_id": "a", "extra": {"x": "@"}}).replace('"@"', _deep(5000))
+    deep_ok = json.dumps({**GOOD, "trajectory_id": "b", "extra": {"x": "@"}}).replace('"@"', _deep(600))
+    (d / "lines.jsonl").write_text(beyond + "\n" + deep_ok + "\n" + json.dumps({**GOOD, "trajectory_id": "c"}) + "\n")
+    (d / "doc.json").write_text(beyond)
+    (d / "arr.json").write_text("[" + json.dumps({**GOOD, "trajectory_id": "d"}) + "," + deep_ok + "]")
+    s = ingest([d], wh)
+    assert s.consistent and s.accepted == 2, s.as_dict()   # c, and d of the array
+    assert s.quarantine_reasons == {"too_deep": 4}, s.as_dict()
+
+
+def test_duplicate_keys_are_quarantined_with_both_values(tmp_path, wh):
+    d = tmp_path / "in"
+    d.mkdir()
+    lines = [
+        json.dumps(CHAT)[:-1] + ', "id": "first", "id": "second"}',                        # a foreign format
+        json.dumps({**GOOD, "trajectory_id": "n", "x_top": 1})[:-1] + ', "tenant_id": "a", "tenant_id": "b"}',
+        json.dumps({**GOOD, "trajectory_id": "m", "x_top": 1}).replace('"content": "hi"', '"content": "hi", "content": "ho"'),
+        json.dumps({**GOOD, "trajectory_id": "ok", "x_top": 1}),
+    ]
+    (d / "lines.jsonl").write_text("\n".join(lines) + "\n")
+    arr = [{**GOOD, "trajectory_id": "a1"}, "@", {**GOOD, "trajectory_id": "a3"}]
+    (d / "arr.json").write_text(json.dumps(arr).replace('"@"', '{"task_id": "t", "task_id": "u", "trajectory_id": "a2", '
+                                                        '"messages": [{"role": "user", "content": "hi"}]}'))
+    (d / "one.json").write_text(json.dumps(CHAT)[:-1] + ', "system": "s", "system": "t"}')
+    s = ingest([d], wh)
+    assert s.consistent and (s.read, s.accepted) == (8, 3), s.as_dict()
+    assert s.quarantine_reasons == {"duplicate_key": 5}
+    q = {(line, reason.split(" is written")[0]): raw for code, line, reason, raw in _quarantine(wh)}
+    assert set(q) == {(1, "the key id"), (2, "the key tenant_id"), (3, "the key messages[0].content"),
+                      (2, "the key task_id"), (0, "the key system")}
+    assert b'"first"' in q[1, "the key id"] and b'"second"' in q[1, "the key id"]
+    assert b'"t"' in q[2, "the key task_id"] and b'"u"' in q[2, "the key task_id"]  # the element as written
+    again = ingest([d], wh)
+    assert (again.accepted, again.quarantined, again.duplicates) == (0, 0, 8)
+
+
+@pytest.mark.parametrize("text", [b'{"a": 1, "b": {"a": 2}, "c": [{"a": 3}, {"a": 4}]}', b'{"k": "x:y\\u003a", "z": ":"}',
+                                  b'{"a\\\\": 1, "a": 2}', b'{"s": "\\"a\\": 1, \\"a\\": 2"}'])
+def test_no_false_duplicates(text):
+    assert duplicate_key(text, loads(text)) is None
+
+
+@pytest.mark.parametrize("text,path", [(b'{"a": 1, "a": 1}', "a"), (b'{"x": [{"q": 1}, {"q": 1, "q": 2}]}', "x[1].q"),
+                                       (b'{"k": "\\u003a", "k": 2}', "k"), (b'{"a": {}, "b": {"c": {"d": 1, "d": 1}}}', "b.c.d")])
+def test_duplicates_found_with_their_path(text, path):
+    assert duplicate_key(text, loads(text)) == path
+
+
+def test_hidden_files_and_folders_get_a_skipped_row(tmp_path, wh):
+    d = tmp_path / "in"
+    (d / ".git" / "objects").mkdir(parents=True)
+    (d / ".git" / "objects" / "x.jsonl").write_text(json.dumps({**GOOD, "trajectory_id": "git"}) + "\n")
+    (d / "sub").mkdir()
+    (d / "sub" / ".draft.jsonl").write_text(json.dumps({**GOOD, "trajectory_id": "draft"}) + "\n")
+    (d / "sub" / "real.jsonl").write_text(json.dumps({**GOOD, "trajectory_id": "real"}) + "\n")
+    s = ingest([d], wh)
+    assert s.accepted == 1 and s.skip_reasons == {"hidden_file": 1, "hidden_folder": 1}, s.as_dict()
+    with wh.connect() as con:
+        rows = con.execute("SELECT source_file, skip_reason, skip_detail FROM ingest_files WHERE status = 'skipped' "
+                           "ORDER BY 1").fetchall()
+    assert [(f.removeprefix(str(d)), r) for f, r, _ in rows] == [("/.git", "hidden_folder"),
+                                                                 ("/sub/.draft.jsonl", "hidden_file")]
+    assert all("give its path" in detail for _, _, detail in rows)
+    named = ingest([d / "sub" / ".draft.jsonl"], wh)       # given by name: read
+    assert named.accepted == 1 and named.skipped == 0
+    assert orjson.loads(orjson.dumps(s.skipped_files))[0]["reason_code"] == "hidden_folder"
