@@ -123,6 +123,16 @@ def _val_bundles(warehouse: WarehouseResource, limit: int, max_turns: int) -> li
                                                   else t["bundle"]), max_turns) for t in rows]
 
 
+def _sft_data(mode: str, base) -> str:
+    """"auto": the small from-scratch base learns from structured rows only (it decodes under the
+    structured action mask); any other base (pretrained, or the user's) from every row."""
+    from ratchet.policy.embedded.model import FORMAT_VERSION, base_manifest
+
+    if mode != "auto":
+        return mode
+    return "structured" if (base_manifest(base) or {}).get("format") == FORMAT_VERSION else "all"
+
+
 def _metadata(home, out: dict, run, path, **extra) -> dict:
     import os
 
@@ -210,6 +220,9 @@ class SFTConfig(dg.Config):
     batch_size: int = _R.sft_batch
     max_length: int = _R.sft_max_length
     min_structured: int = _R.min_structured   # fewer structured-tool rows: train on all rows
+    # "structured", "all" (every accepted row, the environment's whole tool vocabulary, no action
+    # mask) or "auto": "all" for any base but the small from-scratch one (RecipeSettings.sft_data)
+    data: str = "auto"
     hide_task: bool = _R.hide_task        # the view names no task (RecipeSettings.hide_task)
     rank_actions: bool = _R.rank_actions  # calls name ranks, not env numbers (RecipeSettings.rank_actions)
     threads: int = _R.threads
@@ -227,7 +240,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
     from ratchet.policy.rank_actions import rank_actions
     from ratchet.training.data import tenant_training_rows
     from ratchet.training.lineage import environment_digest, inherited_manifest, trajectory_environments
-    from ratchet.training.recipe import sft_stage
+    from ratchet.training.recipe import coverage_summary, sft_stage
 
     cand, home = context.partition_key, get_home(warehouse.home)
     tenant = tenant_of(cand)
@@ -241,21 +254,31 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTConfig, warehou
     settings = RecipeSettings(sft_epochs=config.epochs, sft_max_steps=config.max_steps, sft_lr=config.learning_rate,
                               sft_batch=config.batch_size, sft_max_length=config.max_length,
                               min_structured=config.min_structured, hide_task=config.hide_task,
-                              rank_actions=config.rank_actions, threads=config.threads, seed=config.seed)
+                              rank_actions=config.rank_actions, threads=config.threads, seed=config.seed,
+                              sft_data=_sft_data(config.data, base))
     with tracking.run(EXPERIMENT, f"sft {cand}", tags={"ratchet.stage": "sft"}, dagster_run_id=context.run_id,
                     partition=cand) as run:
         run.log_params({"base": base, **settings.sft().__dict__})
         res = sft_stage(base, rows, out_dir, settings, on_log=_log_steps(context, "sft"))
         run.log_params({"task_in_view": "hidden" if task_hidden(res.view) else "shown",
-                        "actions": "rank" if rank_actions(res.view) else "env"})
+                        "actions": "rank" if rank_actions(res.view) else "env", "sft_data": settings.sft_data})
+        trained = coverage_summary(res.coverage)
+        context.log.info("SFT rows by source format: " + "; ".join(
+            f"{f}: {c['trains']} train, {c['not']} not" for f, c in trained.items()))
         with warehouse.store().connect() as con:
             env = environment_digest(trajectory_environments(con, res.manifest["record_ids"]))
         out = _register(warehouse, context, run, "sft", out_dir, parent=base,
                         manifest=inherited_manifest(base, res.manifest), env_digest=env, cpu_s=res.cpu_s,
                         history=[{"step": i + 1, "loss": v} for i, v in enumerate(res.losses)])
+        from ratchet.governance.checkpoints import record_sft_coverage
+        with warehouse.store().connect() as con:
+            record_sft_coverage(con, out["checkpoint_id"], tenant, res.coverage, sft_data=settings.sft_data,
+                                dagster_run_id=context.run_id)
     return dg.MaterializeResult(metadata=_metadata(
         home, out, run, out_dir, steps=res.steps, cpu_s=res.cpu_s, wall_s=res.wall_s, trajectories=res.n_examples,
         structured_trajectories=res.n_structured, task_in_view="hidden" if task_hidden(res.view) else "shown",
+        sft_data=settings.sft_data, offered_tools=", ".join(res.offered),
+        trained_by_format=dg.MetadataValue.json(trained),
         loss_first=res.losses[0] if res.losses else None, loss_last=res.losses[-1] if res.losses else None,
         loss_tokens=res.n_loss_tokens, gate=dg.MetadataValue.json(gate)))
 

@@ -146,11 +146,11 @@ def first_try(messages, passed: bool) -> bool:
     return bool(passed and applies == 1)
 
 
-def run_harness(name, bundles, *, prior, k, max_turns, runtime, seeds=(0,)):
+def run_harness(name, bundles, *, prior, k, max_turns, runtime, seeds=(0,), scorer=None):
     from sandboxes.agents import run_agent
 
     out = []
-    kw = {"prior": prior} if name in ("prior", "structured") else {}
+    kw = {"prior": prior} if name in ("prior", "structured") else {"scorer": scorer} if name == "lm" else {}
     for seed in seeds:
         for b in bundles:
             r = run_agent(name, b, seed=seed, runtime=runtime, max_turns=max_turns, k=k, **kw)
@@ -240,7 +240,8 @@ def main(argv=None) -> int:
                     help="evaluation seeds per validation task for the sampled policies (embedded, harness:random); "
                          "sbfl and prior are deterministic. CIs: bootstrap over tasks of per-task means")
     ap.add_argument("--temperature", type=float, default=1.0, help="embedded policies' eval sampling (RL samples at 1.0)")
-    ap.add_argument("--rl-lr", type=float, default=1e-3)
+    ap.add_argument("--rl-lr", type=float, default=None,
+                    help="GRPO step size (default 1e-3 for the embedded base, 2e-5 for a LoRA on smollm2)")
     ap.add_argument("--rl-beta", type=float, default=0.04)
     ap.add_argument("--rl-updates-per-step", type=int, default=1,
                     help="optimizer steps per batch of GRPO rollouts (clipped ratio after the first)")
@@ -258,7 +259,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rl-turn-cost", type=float, default=None,
                     help="GRPO's reward for a pass x (1 - c * turns / max_turns): the shorter pass is preferred "
                          "(default RecipeSettings.rl_turn_cost, 0.3; 0: no turn cost; a fail keeps 0)")
-    ap.add_argument("--sft-lr", type=float, default=3e-3)
+    ap.add_argument("--sft-lr", type=float, default=None,
+                    help="SFT step size (default 3e-3 for the embedded base, 2e-4 for a LoRA on smollm2)")
+    ap.add_argument("--base", choices=("embedded", "smollm2"), default="embedded",
+                    help="embedded: the small model trained from scratch; smollm2: the pretrained "
+                         "SmolLM2-135M-Instruct (ratchet.policy.pretrained), trained through a LoRA adapter, "
+                         "and harness:lm (its likelihood ranking the candidate edits) joins the baselines")
     ap.add_argument("--no-prior-view", action="store_true",
                     help="show candidate lists in the environment's order instead of the train-fit "
                          "prior's order (the view's prior feature, chat.make_view)")
@@ -293,6 +299,9 @@ def main(argv=None) -> int:
                         ("tier_progress", "tier_progress"), ("follow", "follow_notes"), ("pick", "pick_note")):
         if getattr(a, flag) is None:         # unset on the command line: the recipe's default
             setattr(a, flag, getattr(_RS(), field))
+    # a LoRA on a pretrained model takes far smaller steps than a small model trained from scratch
+    a.sft_lr = a.sft_lr if a.sft_lr is not None else (2e-4 if a.base == "smollm2" else 3e-3)
+    a.rl_lr = a.rl_lr if a.rl_lr is not None else (2e-5 if a.base == "smollm2" else 1e-3)
     size = dict(STRUCT_SIZE["quick" if a.quick else "default"])
     size.update({k: getattr(a, k) for k in size if getattr(a, k) is not None})
 
@@ -309,6 +318,7 @@ def main(argv=None) -> int:
     from dataclasses import replace
     from types import SimpleNamespace
 
+    from ratchet.policy.lm_score import LMScorer
     from ratchet.training.recipe import RecipeSettings, plot_curve, recipe_view, rl_stage, sft_stage, structured_rows
     from sandboxes.agents import fit_prior
     from sandboxes.humaneval import build_suite
@@ -348,7 +358,11 @@ def main(argv=None) -> int:
     rows = [{"task_id": b.task_id, "split": "train", "repo": b.repo, "issue_id": b.issue_id,
              "issue_title": b.issue_title, "issue_body": b.issue_body, "solution": b.files.get("solution.py")}
             for b in train]
-    base = build_base_policy(out / "base", task_texts(rows, structured_tools(TOOL_SCHEMAS)))
+    if a.base == "smollm2":
+        from ratchet.policy.pretrained import build_pretrained_base
+        base = build_pretrained_base(out / "base")
+    else:
+        base = build_base_policy(out / "base", task_texts(rows, structured_tools(TOOL_SCHEMAS)))
     cpu["base_policy"] = cpu_now() - c
     rs = RecipeSettings(max_turns=a.max_turns)
     # the untrained policy reads the same view as the trained ones (no weights learn from it)
@@ -444,6 +458,8 @@ def main(argv=None) -> int:
                                            seeds=seeds)),
             ("sbfl", lambda: run_harness("sbfl", val, prior=None, k=a.k, max_turns=a.max_turns, runtime=rt)),
             ("prior", lambda: run_harness("prior", val, prior=prior, k=a.k, max_turns=a.max_turns, runtime=rt)),
+            *((("lm", lambda: run_harness("lm", val, prior=None, k=a.k, max_turns=a.max_turns, runtime=rt,
+                                          scorer=LMScorer(base))),) if a.base == "smollm2" else ()),
             ("untrained", lambda: run_embedded(base, val, max_turns=a.max_turns, max_tokens=rs.max_tokens,
                                                temperature=a.temperature, runtime=rt, seeds=seeds)),
             ("sft", lambda: run_embedded(res.sft.checkpoint, val, max_turns=a.max_turns, max_tokens=rs.max_tokens,
@@ -467,7 +483,7 @@ def main(argv=None) -> int:
     (out / "per_task.json").write_text(json.dumps(per_task, indent=1, sort_keys=True))
     print()
     print(f"{'policy':<12}{'success':>9}{'95% CI':>16}{'first try':>11}{'95% CI':>16}{'n':>5}")
-    for k in ("untrained", "random", "sbfl", "prior", "sft", "rl"):
+    for k in ("untrained", "random", "sbfl", "prior", *(("lm",) if "lm" in results else ()), "sft", "rl"):
         r = results[k]
         ci = lambda v: f"[{v[0]:.2f}, {v[1]:.2f}]"   # noqa: E731
         print(f"{k:<12}{r['pass']:>9.3f}{ci(r['pass_ci']):>16}{r['first_try']:>11.3f}{ci(r['first_try_ci']):>16}{r['n']:>5}")
@@ -481,7 +497,8 @@ def main(argv=None) -> int:
     sft_p, rl_p = results["sft"]["pass"], results["rl"]["pass"]
     from ratchet.evaluation.stats import paired_difference
     paired = {f"{a_}_minus_{b_}": paired_difference(per_task[a_], per_task[b_])
-              for a_, b_ in (("rl", "sft"), ("sft", "random"), ("rl", "sbfl"), ("rl", "prior"), ("sft", "untrained"))}
+              for a_, b_ in (("rl", "sft"), ("sft", "random"), ("rl", "sbfl"), ("rl", "prior"), ("sft", "untrained"),
+                             *((("rl", "lm"),) if "lm" in per_task else ()))}
     seed_paired = {s: paired_difference(per_task[f"rl_seed{s}"], per_task["sft"]) for s in range(len(rls))}
     for k, iv in paired.items():
         print(f"paired {k}: {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}] over {iv.n} tasks"
@@ -490,7 +507,7 @@ def main(argv=None) -> int:
         print("paired rl_minus_sft by RL seed: " + ", ".join(f"seed {s} {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]"
                                                             for s, iv in seed_paired.items()))
     summary = {
-        "bench": "learning", "mode": "quick" if a.quick else "default", **{f"{k}_pass": results[k]["pass"] for k in results},
+        "bench": "learning", "mode": "quick" if a.quick else "default", "base": a.base, **{f"{k}_pass": results[k]["pass"] for k in results},
         **{f"{k}_first_try": results[k]["first_try"] for k in results},
         **{f"{k}_pass_ci": results[k]["pass_ci"] for k in results},
         "train_cpu_min": round((cpu["sft"] + cpu["rl_max"]) / 60, 2), "settings": {**size, "rl_lr": a.rl_lr,

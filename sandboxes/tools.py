@@ -58,6 +58,24 @@ TOOL_SCHEMAS: list[dict] = [
     _fn("submit", "Finish: submit the current changes with a root-cause explanation (function, line, "
         "what was wrong). The verifiers then score the episode.",
         {"explanation": {"type": "string"}}, ["explanation"]),
+    # The tools real coding agents are built on, so their logs train and their policies act here:
+    # mini-swe-agent's one tool, and the file editor of SWE-agent and OpenHands (same commands).
+    _fn("bash", "Run a bash command in the repository root (the sandbox's limits apply; no network). "
+        "Returns its output and exit code.",
+        {"command": {"type": "string", "description": "The command line, e.g. `python -m pytest -x -q`"}},
+        ["command"]),
+    _fn("str_replace_editor", "View, create and edit files: `view` a file (with line numbers, optional "
+        "view_range) or folder, `create` a file with file_text, `str_replace` one exact occurrence of old_str "
+        "with new_str, `insert` new_str after line insert_line (0: at the top), `undo_edit` the last edit of "
+        "a file.",
+        {"command": {"type": "string", "enum": ["view", "create", "str_replace", "insert", "undo_edit"]},
+         "path": {**_PATH, "description": "Path relative to the repository root (a leading /repo/, /testbed/ "
+                                          "or /workspace/ means the root)"},
+         "file_text": {"type": "string"}, "old_str": {"type": "string"}, "new_str": {"type": "string"},
+         "insert_line": {"type": "integer", "minimum": 0},
+         "view_range": {"type": "array", "items": {"type": "integer"},
+                        "description": "[start, end] 1-based lines; end -1: to the end of the file"}},
+        ["command", "path"]),
 ]
 SCHEMAS_BY_NAME = {s["function"]["name"]: s for s in TOOL_SCHEMAS}
 TOOL_NAMES = tuple(SCHEMAS_BY_NAME)
@@ -82,8 +100,9 @@ def check_arguments(name: str, args: dict) -> dict:
         want = _TYPES[spec["type"]]
         if not isinstance(v, want) or (want is int and isinstance(v, bool)):
             raise ToolError(f"argument {k!r} of {name} must be {spec['type']}, got {type(v).__name__}")
-        if spec["type"] == "array" and not all(isinstance(x, str) for x in v):
-            raise ToolError(f"argument {k!r} of {name} must be a list of strings")
+        item = (spec.get("items") or {}).get("type", "string")
+        if spec["type"] == "array" and not all(isinstance(x, _TYPES[item]) and not isinstance(x, bool) for x in v):
+            raise ToolError(f"argument {k!r} of {name} must be a list of {item}s")
         if "minimum" in spec and v < spec["minimum"] or "maximum" in spec and v > spec["maximum"]:
             raise ToolError(f"argument {k!r} of {name} is out of range: {v}")
         if "enum" in spec and v not in spec["enum"]:
@@ -268,6 +287,117 @@ def submit(env, explanation: str) -> str:
     comps = " ".join(f"{k}={v:.2f}" for k, v in r.components.items())
     value = "n/a" if r.value is None else f"{r.value:.3f}"
     return f"submitted: reward={value} status={r.status} {comps}".rstrip()
+
+
+# --------------------------------------------------------------------------- agent tools
+BASH_TIMEOUT_S = 60            # one command; the episode's own wall limit still bounds it
+
+
+def bash(env, command: str) -> str:
+    """mini-swe-agent's tool: the command in the worktree, inside the sandbox (no network, the
+    episode's limits). Output and exit code come back; a timeout is the agent's (its command ran)."""
+    if not command.strip():
+        raise ToolError("command must not be empty")
+    r = env.episode.run(["bash", "-c", command], timeout=BASH_TIMEOUT_S)
+    if r.infra_error:
+        raise env.infra(r.infra_error)
+    out = ((r.stdout or "") + (r.stderr or "")).rstrip()
+    tail = "timed out (killed)" if r.timed_out else f"exit code {r.returncode}"
+    return f"{out}\n[{tail}]" if out else f"[{tail}]"
+
+
+_REPO_ROOTS = ("/repo/", "/testbed/", "/workspace/")
+
+
+def _repo_path(path: str) -> str:
+    """SWE-agent, SWE-bench and OpenHands name files by absolute paths under the folder they mount
+    the repository at; here those roots are the repository root."""
+    for root in _REPO_ROOTS:
+        if path.startswith(root) or path == root.rstrip("/"):
+            return path[len(root):] or "."
+    return path
+
+
+def _numbered(lines: list[str], start: int) -> str:
+    return "\n".join(f"{i:6d}\t{line}" for i, line in enumerate(lines, start))
+
+
+def _snippet(text: str, first: int, last: int, context: int = 4) -> str:
+    lines = text.splitlines()
+    lo, hi = max(1, first - context), min(len(lines), last + context)
+    return _numbered(lines[lo - 1:hi], lo)
+
+
+def str_replace_editor(env, command: str, path: str, file_text: str | None = None, old_str: str | None = None,
+                       new_str: str | None = None, insert_line: int | None = None,
+                       view_range: list[int] | None = None) -> str:
+    """SWE-agent's and OpenHands' file editor over the worktree (symlink-safe file access); each
+    edit keeps the file's previous text so `undo_edit` can put it back."""
+    path = _repo_path(path)
+    history = env.__dict__.setdefault("editor_history", {})
+    if command == "view":
+        try:
+            text = env.episode.read_file(path)
+        except IsADirectoryError:
+            return observations.format_file_list(path, env.episode.list_files(path))
+        lines = text.splitlines()
+        start, end = 1, len(lines)
+        if view_range:
+            if len(view_range) != 2:
+                raise ToolError("view_range must be [start, end]")
+            start, end = view_range[0], (len(lines) if view_range[1] == -1 else view_range[1])
+            if not 1 <= start <= max(1, len(lines)) or end < start:
+                raise ToolError(f"view_range {view_range} is outside {path} (1-{len(lines)})")
+        return f"{path}:\n" + _numbered(lines[start - 1:end], start)
+    if command == "create":
+        if file_text is None:
+            raise ToolError("create needs file_text")
+        try:
+            env.episode.read_bytes(path)
+        except OSError:
+            pass
+        else:
+            raise ToolError(f"{path} already exists; use str_replace to change it")
+        env.episode.write_file(path, file_text)
+        history.setdefault(path, []).append(None)
+        return f"created {path}"
+    if command == "undo_edit":
+        if not history.get(path):
+            raise ToolError(f"no edit of {path} to undo")
+        previous = history[path].pop()
+        if previous is None:
+            env.episode.write_file(path, "")
+            return f"undid the creation of {path} (now empty)"
+        env.episode.write_file(path, previous)
+        return f"undid the last edit of {path}"
+    text = env.episode.read_file(path)
+    if command == "str_replace":
+        if not old_str:
+            raise ToolError("str_replace needs old_str: exact text that occurs once in the file")
+        n = text.count(old_str)
+        if n != 1:
+            raise ToolError(f"old_str occurs {n} times in {path}; it must occur exactly once" if n else
+                            f"old_str not found in {path} (it must match exactly, including indentation)")
+        at = text.index(old_str)
+        new = text[:at] + (new_str or "") + text[at + len(old_str):]
+        first = text.count("\n", 0, at) + 1
+        last = first + (new_str or "").count("\n")
+    elif command == "insert":
+        if insert_line is None or new_str is None:
+            raise ToolError("insert needs insert_line and new_str")
+        lines = text.splitlines(keepends=True)
+        if insert_line > len(lines):
+            raise ToolError(f"insert_line {insert_line} is past the end of {path} ({len(lines)} lines)")
+        block = new_str if new_str.endswith("\n") else new_str + "\n"
+        if lines and insert_line == len(lines) and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        new = "".join(lines[:insert_line]) + block + "".join(lines[insert_line:])
+        first, last = insert_line + 1, insert_line + block.count("\n")
+    else:
+        raise ToolError(f"unknown command {command!r}")
+    env.episode.write_file(path, new)
+    history.setdefault(path, []).append(text)
+    return f"edited {path}:\n" + _snippet(new, first, last)
 
 
 # The schemas are the one list of tool names: each names the function below that serves it.

@@ -29,6 +29,19 @@ def register_checkpoint(con, checkpoint_id: str, tenant_id: str, record_ids: Ite
             where="checkpoint_id = ?", params=[checkpoint_id])
 
 
+def record_sft_coverage(con, checkpoint_id: str, tenant_id: str, entries: Iterable[dict], *, sft_data: str,
+                        dagster_run_id: str | None = None) -> int:
+    """Which of the rows an SFT checkpoint was offered trained, and why the others did not
+    (`ratchet.training.recipe.coverage` entries); a re-run of the same checkpoint replaces them."""
+    now = now_utc()
+    rows = [{"checkpoint_id": checkpoint_id, "tenant_id": tenant_id, "record_id": e["record_id"],
+             "source_format": e["source_format"], "trains": e["trains"], "reason": e["reason"] or None,
+             "turns": e["turns"], "trainable_turns": e["trainable_turns"], "sft_data": sft_data,
+             "created_at": now, "dagster_run_id": dagster_run_id} for e in entries]
+    replace(con, "sft_coverage", rows, where="checkpoint_id = ?", params=[checkpoint_id])
+    return len(rows)
+
+
 def flag_checkpoints(con, now: datetime, run_id: str | None = None) -> tuple[list[dict], list[str]]:
     """Flag every checkpoint trained on data under a grant revoked at or before `now` (flags are
     sticky: a later un-revocation does not clear them). Returns (current flags, newly flagged ids)."""

@@ -14,7 +14,8 @@ Tables (DuckDB; every `*_at` column is TIMESTAMPTZ unless noted):
   consent_audit         every excluded (trajectory, policy tenant) with its reason (replaced per run)
   checkpoints           registry of trained checkpoints (written by trainers via register_checkpoint)
   checkpoint_flags      checkpoints trained on data under a revoked grant (current state)
-Views: v_training_set, v_consent_audit_summary, v_split_summary, v_holdout.
+  sft_coverage          per SFT checkpoint, each training row: whether it trained, and why not
+Views: v_training_set, v_consent_audit_summary, v_split_summary, v_holdout, v_sft_coverage.
 """
 from __future__ import annotations
 
@@ -77,9 +78,20 @@ SCHEMAS: dict[str, pa.Schema] = {
     "checkpoint_flags": schema(
         ("checkpoint_id", pa.string()), ("consent_id", pa.string()), ("n_records", pa.int64()),
         ("reason", pa.string()), ("flagged_at", TS), ("dagster_run_id", pa.string())),
+    "sft_coverage": schema(
+        ("checkpoint_id", pa.string()), ("tenant_id", pa.string()), ("record_id", pa.string()),
+        ("source_format", pa.string()), ("trains", pa.bool_()), ("reason", pa.string()), ("turns", pa.int64()),
+        ("trainable_turns", pa.int64()), ("sft_data", pa.string()), ("created_at", TS),
+        ("dagster_run_id", pa.string())),
 }
 
 VIEWS = {
+    "v_sft_coverage": """
+        SELECT checkpoint_id, tenant_id, source_format, sft_data, count(*) AS trajectories,
+               count(*) FILTER (WHERE trains) AS trained, count(*) FILTER (WHERE NOT trains) AS not_trained,
+               list(DISTINCT reason ORDER BY reason) FILTER (WHERE NOT trains) AS reasons,
+               sum(trainable_turns) AS trainable_turns, sum(turns) AS turns
+        FROM sft_coverage GROUP BY ALL ORDER BY checkpoint_id, tenant_id, source_format""",
     "v_training_set": """
         SELECT ts.*, t.repo, t.issue_id, t.prompt_text, t.messages, t.patch, t.source_format
         FROM training_set ts LEFT JOIN trajectories t USING (record_id)""",

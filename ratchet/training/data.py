@@ -25,7 +25,7 @@ TRAIN_TASKS_SQL = """
 VAL_TASKS_SQL = TRAIN_TASKS_SQL.replace("s.split = 'train'", "s.split = 'val'")
 ROWS_SQL = """
     SELECT ts.record_id, ts.trajectory_id, ts.task_id, ts.consent_id, ts.owner_tenant_id,
-           t.accepted, t.tests_passed, t.messages, t.tools
+           t.accepted, t.tests_passed, t.messages, t.tools, t.source_format
     FROM training_set ts JOIN trajectories t USING (record_id)
     WHERE ts.tenant_id = ? AND ts.split = 'train' {accepted}
     ORDER BY ts.task_id, ts.trajectory_id, ts.record_id"""

@@ -5,6 +5,7 @@ trainer can call it unchanged). Plain function, no trainer imports.
     ex["input_ids"]        # the whole conversation in the embedded chat format
     ex["assistant_masks"]  # 1 = a token the policy produced (loss on it), 0 = prompt / tool output
     labels(ex)             # input_ids with -100 where the mask is 0 (what a causal-LM loss takes)
+    training_windows(messages, tools, tokenizer, max_length=2048)   # longer ones: windows of whole turns
 
 `messages` are OpenAI chat messages as stored in `trajectories.messages` (assistant `tool_calls`,
 `tool` results). The text comes from the chat template (`ratchet.policy.embedded.chat`), and the
@@ -60,6 +61,40 @@ def to_training_example(messages, tools, tokenizer, *, max_length: int | None = 
     if max_length is not None:
         ids, mask = ids[:max_length], mask[:max_length]
     return {"input_ids": ids, "assistant_masks": mask}
+
+
+def training_windows(messages, tools, tokenizer, *, max_length: int, **kw) -> list[dict]:
+    """A trajectory as examples of at most `max_length` tokens, cut only between turns. One example
+    when it fits. Otherwise windows: each holds the prompt (every message before the first
+    assistant turn) and a run of whole turns (an assistant message and the tool results that
+    answer it), as many as fit, the next window starting at the turn after; earlier turns are not
+    in a window's context. A turn that does not fit with the prompt alone is left out (never cut
+    inside a call: a half call would teach a call the grammar cannot finish)."""
+    messages = _messages(messages)
+    full = to_training_example(messages, tools, tokenizer, **kw)
+    if len(full["input_ids"]) <= max_length:
+        return [full]
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+    prompt, turns = messages[:first], []
+    for m in messages[first:]:
+        if m.get("role") == "assistant" or not turns:
+            turns.append([m])
+        else:
+            turns[-1].append(m)
+    out, i = [], 0
+    while i < len(turns):
+        best, j = None, i
+        while j < len(turns):
+            ex = to_training_example(prompt + [m for t in turns[i:j + 1] for m in t], tools, tokenizer, **kw)
+            if len(ex["input_ids"]) > max_length:
+                break
+            best, j = ex, j + 1
+        if best is None:           # this turn alone is too long: left out
+            i += 1
+            continue
+        out.append(best)
+        i = j
+    return out
 
 
 def labels(example: dict) -> list[int]:

@@ -35,6 +35,9 @@ from pathlib import Path
 from ratchet.policy.runner import TURN_BUDGET
 
 
+SFT_DATA = ("structured", "all")
+
+
 @dataclass(frozen=True)
 class RecipeSettings:
     # the defaults are the ones bench/learning.py measured (see docs/experiments/)
@@ -64,6 +67,11 @@ class RecipeSettings:
     max_turns: int = TURN_BUDGET      # the evaluation's too (ratchet.policy.runner)
     max_tokens: int = 96
     min_structured: int = 8
+    # which accepted trajectories SFT trains on: "structured" (the rows whose every call is one of
+    # the five structured tools, decoded under the structured action mask: what the small
+    # from-scratch model learns from) or "all" (every row, each call checked against the
+    # environment's whole tool vocabulary, bash and str_replace_editor included; no action mask)
+    sft_data: str = "structured"
     choice_only: bool = True           # GRPO loss on the tokens the grammar left a choice at
     masked_logprobs: bool = True       # GRPO's policy is the masked distribution (no mass pushed to invalid tokens)
     seed: int = 0
@@ -94,6 +102,10 @@ class RecipeSettings:
         12 episodes), plus sandbox time."""
         return cls(rl_steps=4, rl_tasks_per_step=2, rl_group_size=6)
 
+    def __post_init__(self):
+        if self.sft_data not in SFT_DATA:
+            raise ValueError(f"sft_data must be one of {SFT_DATA}, got {self.sft_data!r}")
+
     def sft(self):
         from ratchet.training.sft import SFTSettings
         return SFTSettings(epochs=self.sft_epochs, learning_rate=self.sft_lr, batch_size=self.sft_batch,
@@ -111,7 +123,9 @@ class RecipeSettings:
                             max_turns=self.max_turns, max_tokens=self.max_tokens,
                             concurrency=self.rl_tasks_per_step * self.rl_group_size,
                             checkpoint_every=max(1, self.rl_steps // 3), seed=self.seed, threads=self.threads,
-                            thought_chars=0, max_string=32, action_mask="structured", choice_only=self.choice_only,
+                            thought_chars=0, max_string=32,
+                            action_mask="structured" if self.sft_data == "structured" else None,
+                            choice_only=self.choice_only,
                             masked_logprobs=self.masked_logprobs, updates_per_step=self.rl_updates_per_step,
                             minibatches=self.rl_minibatches,
                             turn_cost=self.rl_turn_cost, kl_limit=self.rl_kl_limit,
@@ -141,6 +155,42 @@ def structured_rows(rows) -> list[dict]:
         if names and all(n in STRUCTURED for n in names):
             out.append({**r, "messages": msgs, "tools": tools})
     return out
+
+
+def coverage(rows, tools) -> list[dict]:
+    """Whether each row trains under `tools` and why not: {record_id, source_format, trains,
+    reason ('' when it trains), turns, trainable_turns}. A turn trains unless its call is outside
+    the tools or its arguments fail the tool's schema (`chat.prepare`: the grammar could never emit
+    it); a row trains when one of its turns does."""
+    from ratchet.policy.embedded.chat import prepare
+
+    names = {(t.get("function") or t)["name"] for t in tools}
+    out = []
+    for r in rows:
+        msgs = json.loads(r["messages"]) if isinstance(r["messages"], str) else list(r["messages"] or [])
+        turns = [m for m in prepare(msgs, tools) if m["role"] == "assistant"]
+        ok = sum(1 for m in turns if m.get("train", True))
+        called = {c["function"]["name"] for m in turns for c in m.get("tool_calls") or ()}
+        unknown = sorted(called - names)
+        reason = "" if ok else "no assistant turn" if not turns else \
+            f"calls tools outside the environment's: {', '.join(unknown)}" if unknown else \
+            "no call matches its tool's schema"
+        out.append({"record_id": r.get("record_id"), "source_format": r.get("source_format") or "unknown",
+                    "trains": bool(ok), "reason": reason, "turns": len(turns), "trainable_turns": ok})
+    return out
+
+
+def coverage_summary(entries) -> dict:
+    """{source_format: {"trains": n, "not": n, "reasons": {reason: n}}} for metadata and logs."""
+    out: dict = {}
+    for e in entries:
+        f = out.setdefault(e["source_format"], {"trains": 0, "not": 0, "reasons": {}})
+        if e["trains"]:
+            f["trains"] += 1
+        else:
+            f["not"] += 1
+            f["reasons"][e["reason"]] = f["reasons"].get(e["reason"], 0) + 1
+    return dict(sorted(out.items()))
 
 
 def _offer_structured(rows) -> list[dict]:
@@ -201,21 +251,40 @@ def recipe_view(settings: "RecipeSettings", rows, prior=None) -> dict | None:
 
 
 def sft_stage(base_path, rows, out_dir, settings: RecipeSettings = RecipeSettings(), *, prior=None, on_log=None):
-    """SFT under the recipe (structured rows if enough, calls only) -> SFTResult; the checkpoint
-    carries its decoding config (the structured mask, calls-only bounds, the view: `recipe_view`).
+    """SFT under the recipe (`sft_data`: structured rows if enough, or every row with the
+    environment's whole tool vocabulary; calls only) -> SFTResult with `coverage` (per row: trains
+    or why not); the checkpoint carries its decoding config (the structured mask or none,
+    calls-only bounds, the view: `recipe_view`).
     `prior`: a count prior fit on train-split tasks (`fit_prior`); None: fit from `rows`. `on_log`: each
     logging step's dict (train_sft)."""
     from ratchet.policy.embedded.decoding import write_decoding
     from ratchet.training.sft import train_sft
 
+    from ratchet.policy.action_mask import structured_tools
+    from sandboxes.tools import TOOL_SCHEMAS
+
     rows = list(rows)
     picked = structured_rows(rows)
-    data = picked if len(picked) >= settings.min_structured else _offer_structured(rows)
+    if settings.sft_data == "all":
+        # every row with the environment's whole vocabulary: each call is checked against its own
+        # tool's schema (bash, str_replace_editor, Ratchet's own); a turn that fails stays context
+        offered, action_mask = TOOL_SCHEMAS, None
+        data = [{**r, "tools": TOOL_SCHEMAS} for r in rows]
+        entries = coverage(rows, TOOL_SCHEMAS)
+    else:
+        offered, action_mask = structured_tools(TOOL_SCHEMAS), "structured"
+        data = picked if len(picked) >= settings.min_structured else _offer_structured(rows)
+        kept = {r["record_id"] for r in data}
+        entries = [e if e["record_id"] in kept or not e["trains"] else
+                   {**e, "trains": False, "reason": "a call outside the structured tools (sft_data: structured)"}
+                   for e in coverage(rows, offered)]
     view = recipe_view(settings, rows, prior)
     res = train_sft(base_path, data, out_dir, settings.sft(), view=view, on_log=on_log)
-    write_decoding(res.checkpoint, action_mask="structured", bounds=settings.bounds(), view=view)
+    write_decoding(res.checkpoint, action_mask=action_mask, bounds=settings.bounds(), view=view)
     res.n_structured = len(picked)
     res.view = view
+    res.coverage = entries
+    res.offered = [t["function"]["name"] for t in offered]
     return res
 
 

@@ -81,16 +81,21 @@ class SFTResult:
 
 
 def build_dataset(rows: Sequence[Mapping], tokenizer, *, max_length: int | None = None, **prepare_kw):
-    """(datasets.Dataset of input_ids + assistant_masks, record ids in the same order)."""
+    """(datasets.Dataset of input_ids + assistant_masks, the record ids that gave at least one
+    example). A trajectory longer than `max_length` gives several (`training_windows`)."""
     from datasets import Dataset
 
-    from ratchet.training.examples import to_training_example
+    from ratchet.training.examples import to_training_example, training_windows
 
     examples, ids = [], []
     for r in rows:
-        ex = to_training_example(r["messages"], r.get("tools"), tokenizer, max_length=max_length, **prepare_kw)
-        if any(ex["assistant_masks"]):        # a trajectory with no trainable turn teaches nothing
-            examples.append(ex)
+        if max_length is None:
+            exs = [to_training_example(r["messages"], r.get("tools"), tokenizer, **prepare_kw)]
+        else:                                 # longer than the context: windows of whole turns
+            exs = training_windows(r["messages"], r.get("tools"), tokenizer, max_length=max_length, **prepare_kw)
+        exs = [ex for ex in exs if any(ex["assistant_masks"])]   # no trainable turn teaches nothing
+        if exs:
+            examples += exs
             ids.append(r["record_id"])
     if not examples:
         raise ValueError("no training example has a trainable assistant turn")

@@ -104,7 +104,7 @@ def test_training_rows_come_in_an_order_that_does_not_depend_on_measured_timings
     con.execute("CREATE TABLE training_set (record_id VARCHAR, trajectory_id VARCHAR, task_id VARCHAR, "
                 "consent_id VARCHAR, owner_tenant_id VARCHAR, tenant_id VARCHAR, split VARCHAR)")
     con.execute("CREATE TABLE trajectories (record_id VARCHAR, accepted BOOLEAN, tests_passed BOOLEAN, "
-                "messages VARCHAR, tools VARCHAR)")
+                "messages VARCHAR, tools VARCHAR, source_format VARCHAR)")
     orders = []
     for run in range(2):
         con.execute("DELETE FROM training_set")
@@ -112,7 +112,7 @@ def test_training_rows_come_in_an_order_that_does_not_depend_on_measured_timings
         for k, (task, traj) in enumerate([("t1", "acme-a"), ("t1", "acme-b"), ("t2", "acme-c"), ("t3", "acme-d")]):
             rid = f"{(k if run == 0 else 9 - k):02d}"          # the second run's ids sort the other way
             con.execute("INSERT INTO training_set VALUES (?, ?, ?, 'C', 'acme', 'acme', 'train')", [rid, traj, task])
-            con.execute("INSERT INTO trajectories VALUES (?, true, true, '[]', '[]')", [rid])
+            con.execute("INSERT INTO trajectories VALUES (?, true, true, '[]', '[]', 'openai_chat')", [rid])
         orders.append([r["trajectory_id"] for r in tenant_training_rows(con, "acme")])
     assert orders[0] == orders[1] == ["acme-a", "acme-b", "acme-c", "acme-d"]
 

@@ -141,6 +141,11 @@ def test_candidate_trains_sft_then_rl_with_lineage_and_consent_flags(warehouse_h
         assert mats[k]["mlflow_run"].value.endswith("/runs/" + mats[k]["mlflow_run_id"].value)
         assert not any(str(v).startswith("/") for v in mats[k]["lineage"].value.values()), "paths: relative to the home"
     assert mats["rl_checkpoint"]["steps"].value == 2
+    # the SFT checkpoint says which of its rows trained, per source format (the embedded base: structured)
+    with wh.connect() as con:
+        cov = con.execute("SELECT checkpoint_id, tenant_id, sft_data, trajectories, trained FROM v_sft_coverage").fetchall()
+    assert cov == [(mats["sft_checkpoint"]["checkpoint_id"].value, "acme", "structured", 2, 2)]
+    assert mats["sft_checkpoint"]["sft_data"].value == "structured"
     # no val-split task in this warehouse: the last saved step is the one registered
     assert mats["rl_checkpoint"]["validation_tasks"].value == 0 and mats["rl_checkpoint"]["registered_step"].value == 2
     assert mats["rl_checkpoint"]["stopped"].value == ""
