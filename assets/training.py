@@ -169,6 +169,10 @@ class BasePolicyConfig(dg.Config):
     vocab_size: int = 4096
     task_limit: int | None = None      # first N train tasks in the corpus (tests)
     seed: int = 0
+    # a pretrained or user base: the membership test of it on up to this many holdout tasks'
+    # reference solutions (ratchet.evaluation.membership), recorded in base_membership for the
+    # scorecard and the promotion warning; 0: skip it
+    membership_tasks: int = 100
 
 
 @dg.asset(group_name="training", owners=OWNERS["training"], deps=["tasks", "split_assignments"], kinds={"pytorch"},
@@ -206,11 +210,50 @@ def base_policy(context: dg.AssetExecutionContext, config: BasePolicyConfig,
         from ratchet.policy.embedded.decoding import write_decoding
         write_decoding(path, action_mask="structured", bounds=_R.grpo().bounds())
     _set_pointer(warehouse, {"path": str(path)}, "base")
+    membership = _membership(context, warehouse, path, config.membership_tasks) \
+        if config.spec != "embedded" and config.membership_tasks > 0 else None
     man = base_manifest(path) or {}
     return dg.MaterializeResult(metadata={
         "path": home.relative(path), "spec": config.spec, "build_or_reuse_s": round(time.monotonic() - t0, 2),
+        **({"membership": dg.MetadataValue.json(membership)} if membership else {}),
         "parameters": man.get("parameters"), "corpus": dg.MetadataValue.json(
             {k: v for k, v in man.items() if k not in ("parameters",) and not isinstance(v, (list, dict))})})
+
+
+HOLDOUT_TASKS_SQL = """
+    SELECT t.bundle FROM tasks t
+    JOIN split_assignments s ON s.kind = 'task' AND s.source_id = t.task_id
+    WHERE s.split = 'holdout' ORDER BY t.task_id"""
+
+
+def _membership(context: dg.AssetExecutionContext, warehouse: WarehouseResource, base, limit: int) -> dict | None:
+    """Has this base read the holdout's reference solutions? (ratchet.evaluation.membership),
+    recorded in base_membership; None when no holdout task records a reference fix."""
+    import json
+
+    from ratchet.clock import now_utc
+    from ratchet.evaluation.membership import contamination_report, reference_program
+    from ratchet.evaluation.tables import record_membership
+    from ratchet.home import get_home
+    from ratchet.policy.lm_score import LMScorer
+    from sandboxes.bundle import TaskBundle
+
+    rows = warehouse.store().read(HOLDOUT_TASKS_SQL)
+    programs = [p for p in (reference_program(TaskBundle.from_dict(json.loads(r["bundle"]) if isinstance(
+        r["bundle"], str) else r["bundle"])) for r in rows) if p]
+    programs = list(dict.fromkeys(programs))[:limit]     # mutants of one problem share their solution
+    if not programs:
+        context.log.info("membership test skipped: no holdout task records a reference fix")
+        return None
+    report = contamination_report(LMScorer(base), programs)
+    with warehouse.store().connect() as con:
+        record_membership(con, report, base=get_home(warehouse.home).relative(base), holdout_sha256=None,
+                          checked_at=now_utc(), dagster_run_id=context.run_id)
+    say = context.log.warning if report["likely_seen"] else context.log.info
+    say(f"membership test of the base on {report['programs']} holdout solutions: excess name gap "
+        f"{report['excess_gap']:+.3f} {report['excess_gap_ci']}"
+        + (" - it has likely seen them: holdout results measure recall as well as repair" if report["likely_seen"] else ""))
+    return report
 
 
 class SFTConfig(dg.Config):

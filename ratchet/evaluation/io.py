@@ -188,11 +188,14 @@ def write_scorecard(wh, *, order: Sequence[str] = (), slice_dimension: str = "fa
         summary = tables.fetch(con, "SELECT * FROM eval_summary ORDER BY policy_id, checkpoint_version, dimension, "
                                     "slice_value")
         eco = tables.fetch(con, "SELECT * FROM economics")
+        membership = tables.fetch(con, "SELECT * FROM base_membership ORDER BY checked_at DESC LIMIT 1")
     for r in summary:
         if isinstance(r.get("seed_pass_rates"), str):
             r["seed_pass_rates"] = json.loads(r["seed_pass_rates"])
     root = Path(wh.path).parent
     md = scorecard_markdown(summary, eco, order=order) if summary else "No evaluation yet: materialise holdout_eval."
+    if membership:
+        md += "\n\n" + membership_note(membership[0])
     md_path = root / "scorecard.md"
     md_path.write_text(md + "\n")
     png = scorecard_png(summary, root / "artifacts" / f"scorecard-{tag or 'latest'}.png",
@@ -203,6 +206,16 @@ def write_scorecard(wh, *, order: Sequence[str] = (), slice_dimension: str = "fa
             "slices": "\n\n".join(f"**{d}**\n\n{slice_markdown(summary, d)}" for d in dims) or "none",
             "pass_rates": {policy_label(r).replace(":", "_").replace("@", "_").replace(" ", "_"): r["pass_rate"]
                            for r in alls}}
+
+
+def membership_note(m: dict) -> str:
+    """The scorecard's line on the pretrained base's membership test (a `base_membership` row)."""
+    gap = f"excess name gap {m['excess_gap']:+.3f} [{m['excess_gap_ci_lo']:+.3f}, {m['excess_gap_ci_hi']:+.3f}]"
+    if m["likely_seen"]:
+        return (f"**Warning:** the base `{m['base']}` has likely seen this holdout's reference solutions "
+                f"(membership test over {m['programs']} programs: {gap}); trained policies' results here measure "
+                "recall as well as repair.")
+    return f"The base `{m['base']}` shows no sign of having seen this holdout's solutions ({gap})."
 
 
 def scorecard_text(wh) -> str:

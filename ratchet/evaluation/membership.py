@@ -127,6 +127,22 @@ def name_gaps(scorer, programs: Sequence[str], k: float = MIN_K) -> list[float]:
             for p in programs]
 
 
+def reference_program(bundle) -> str | None:
+    """A repair task's reference solution: the faulty file with the recorded fix applied
+    (`metadata["fix"]`: file, line, col, end_col, old, new), or None when the task records none."""
+    fix = (getattr(bundle, "metadata", None) or {}).get("fix")
+    if not isinstance(fix, dict) or fix.get("file") not in (bundle.files or {}):
+        return None
+    lines = bundle.files[fix["file"]].splitlines(keepends=True)
+    if not 1 <= fix["line"] <= len(lines):
+        return None
+    text = lines[fix["line"] - 1]
+    if text[fix["col"]:fix["end_col"]] != fix["old"]:
+        return None
+    lines[fix["line"] - 1] = text[:fix["col"]] + fix["new"] + text[fix["end_col"]:]
+    return "".join(lines)
+
+
 def contamination_report(scorer, programs: Sequence[str], control: Sequence[str] = CONTROL_PROGRAMS, *,
                          k: float = MIN_K, seed: int = 0) -> dict:
     """The held-out set's name gap against the control's (module doc), with a bootstrap CI."""

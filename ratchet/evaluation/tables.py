@@ -6,6 +6,8 @@ object without touching the domain code.
   eval_summary       one row per policy x checkpoint x slice (dimension "all" = the whole holdout)
   judge_calibration  one row per calibration run (append-only: drift is read from its history)
   economics          one row per policy x checkpoint (replaced by each economics run)
+  base_membership    one row per membership test of a pretrained base on the holdout's reference
+                     solutions (append-only; ratchet.evaluation.membership)
 Views: v_eval_latest (the newest summary of each policy over the whole holdout).
 
 Declared like every layer (`SCHEMAS`, `VIEWS`): add "ratchet.evaluation.tables" to
@@ -66,8 +68,14 @@ ECONOMICS = _schema(
     ("variable_per_accepted", S), ("sample_amortised", S), ("production_amortised", S),
     ("training_investment", S), ("break_even", S))
 
+BASE_MEMBERSHIP = _schema(
+    ("checked_at", TS), ("dagster_run_id", S), ("base", S), ("holdout_sha256", S), ("programs", I),
+    ("control_programs", I), ("min_k", F), ("held_out_gap", F), ("control_gap", F), ("excess_gap", F),
+    ("excess_gap_ci_lo", F), ("excess_gap_ci_hi", F), ("likely_seen", B))
+
 TABLES: dict[str, pa.Schema] = {"eval_episodes": EVAL_EPISODES, "eval_summary": EVAL_SUMMARY,
-                                "judge_calibration": JUDGE_CALIBRATION, "economics": ECONOMICS}
+                                "judge_calibration": JUDGE_CALIBRATION, "economics": ECONOMICS,
+                                "base_membership": BASE_MEMBERSHIP}
 SCHEMAS = TABLES            # the name ratchet.tables.LAYERS reads from each layer
 
 VIEWS = {
@@ -75,6 +83,18 @@ VIEWS = {
         SELECT * FROM eval_summary WHERE dimension = 'all'
         QUALIFY row_number() OVER (PARTITION BY policy_id, checkpoint_version ORDER BY computed_at DESC) = 1""",
 }
+
+
+def record_membership(con, report: Mapping, *, base: str, holdout_sha256: str | None, checked_at,
+                      dagster_run_id: str | None = None) -> None:
+    """Append one membership test (`membership.contamination_report`) of `base` on the holdout."""
+    lo, hi = report["excess_gap_ci"]
+    insert(con, "base_membership", [{
+        "checked_at": checked_at, "dagster_run_id": dagster_run_id, "base": base, "holdout_sha256": holdout_sha256,
+        "programs": report["programs"], "control_programs": report["control_programs"], "min_k": report["min_k"],
+        "held_out_gap": report["held_out_gap"], "control_gap": report["control_gap"],
+        "excess_gap": report["excess_gap"], "excess_gap_ci_lo": lo, "excess_gap_ci_hi": hi,
+        "likely_seen": report["likely_seen"]}])
 
 
 def grading(row: Mapping) -> tuple[str, str]:

@@ -11,7 +11,11 @@ from typing import Any
 ALWAYS_HARD = frozenset({"comparable", "evaluation_complete", "beats_champion", "hard_gate_violations",
                          "judge_kappa", "contamination", "consent", "reward_hacking"})
 GATES = ("comparable", "evaluation_complete", "beats_champion", "slice_regression", "hard_gate_violations",
-         "latency_p95", "judge_kappa", "contamination", "consent", "reward_hacking")
+         "latency_p95", "judge_kappa", "contamination", "consent", "reward_hacking", "pretraining_membership")
+# Gates that warn: reported with their numbers, never in the verdict or in what blocks approval.
+# A pretrained base that has read the holdout's solutions makes the numbers recall as well as
+# repair, which an owner must know, but a membership test is evidence, not proof.
+WARNINGS = frozenset({"pretraining_membership"})
 DEFAULT_SLICES = ("slice", "family", "difficulty", "category", "tenant_id")
 COMPONENTS = ("reward_tests", "reward_hygiene", "reward_judge")
 
@@ -69,7 +73,7 @@ class GatePolicy:
                 raise ValueError(f"{k} must be >= 0, got {getattr(self, k)}")
         if not 0.0 <= self.min_kappa <= 1.0:
             raise ValueError(f"min_kappa {self.min_kappa} must be in [0, 1] (the judge gate blocks below 0.80)")
-        bad = sorted(set(self.soft_gates) - set(GATES))
+        bad = sorted(set(self.soft_gates) - (set(GATES) - WARNINGS))
         if bad:
             raise ValueError(f"soft_gates {bad} are not gates; gates are {list(GATES)}")
         hard = sorted(set(self.soft_gates) & ALWAYS_HARD)
@@ -81,7 +85,7 @@ class GatePolicy:
             raise ValueError("slice_columns is empty: name at least one (e.g. 'slice')")
 
     def is_hard(self, gate: str) -> bool:
-        return gate not in self.soft_gates
+        return gate not in self.soft_gates and gate not in WARNINGS
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> GatePolicy:

@@ -159,6 +159,17 @@ def contamination_rate(con) -> tuple[float | None, str]:
     return r["overlap_fraction"], f"contamination_report over {r['n_items']} items at {r['checked_at']}"
 
 
+def pretraining_membership(con) -> tuple[dict | None, str]:
+    """The newest membership test of the base on the holdout (`base_membership`), as the report dict."""
+    r, why = _newest(con, "base_membership", "*", "checked_at")
+    if r is None:
+        return None, why
+    rep = {k: r[k] for k in ("programs", "control_programs", "min_k", "held_out_gap", "control_gap", "excess_gap",
+                             "likely_seen")}
+    rep["excess_gap_ci"] = [r["excess_gap_ci_lo"], r["excess_gap_ci_hi"]]
+    return rep, f"base_membership of {r['base']} over {r['programs']} programs at {r['checked_at']}"
+
+
 def checkpoint_ids(policy_id: str, checkpoint_version: str) -> list[str]:
     """How a checkpoint may be named in the `checkpoints` registry (trainers register one of these;
     eval policy ids carry the version already, e.g. "embedded:rl@3" with checkpoint_version "3").
@@ -216,6 +227,8 @@ def gather(con, candidate: Mapping, now: datetime, checkpoint_id: str | None = N
     rate, csrc = contamination_rate(con)
     violations, recorded, lsrc = consent_lineage(con, candidate["policy_id"], candidate["checkpoint_version"], now,
                                                  checkpoint_id)
+    membership, msrc = pretraining_membership(con)
     return Evidence(judge_kappa=kappa, contamination_rate=rate, consent_violations=tuple(violations),
-                    lineage_recorded=recorded,
-                    sources={"judge_kappa": ksrc, "contamination_rate": csrc, "consent": lsrc})
+                    lineage_recorded=recorded, pretraining_membership=membership,
+                    sources={"judge_kappa": ksrc, "contamination_rate": csrc, "consent": lsrc,
+                             "pretraining_membership": msrc})

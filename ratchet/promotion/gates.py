@@ -17,7 +17,7 @@ from typing import Any
 
 from ratchet.markdown import md_table
 
-from .config import COMPONENTS, GATES, GatePolicy
+from .config import COMPONENTS, GATES, WARNINGS, GatePolicy
 from .stats import (
     majority_by_task,
     mean,
@@ -39,6 +39,9 @@ class Evidence:
     candidate_digest: str | None = None              # optional: must agree with the rows when given
     champion_digest: str | None = None
     sources: Mapping[str, str] = field(default_factory=dict)  # where each figure came from (for the report)
+    # the base model's membership test on the holdout's reference solutions
+    # (ratchet.evaluation.membership.contamination_report), None when none was recorded
+    pretraining_membership: Mapping[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> Evidence:
@@ -54,6 +57,7 @@ class GateResult:
     hard: bool
     reason: str
     numbers: Mapping[str, Any] = field(default_factory=dict)
+    warning: bool = False          # a warning gate (config.WARNINGS): reported, never blocking
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,11 @@ class GateReport:
 
     @property
     def failed(self) -> list[str]:
-        return [g.name for g in self.gates if not g.passed]
+        return [g.name for g in self.gates if not g.passed and not g.warning]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [g.name for g in self.gates if not g.passed and g.warning]
 
     @property
     def failed_hard(self) -> list[str]:
@@ -81,7 +89,7 @@ class GateReport:
 
     def to_dict(self) -> dict:
         return {"candidate": dict(self.candidate), "champion": dict(self.champion), "verdict": self.verdict,
-                "failed": self.failed, "failed_hard": self.failed_hard,
+                "failed": self.failed, "failed_hard": self.failed_hard, "warnings": self.warnings,
                 "gates": [asdict(g) | {"numbers": dict(g.numbers)} for g in self.gates], "policy": dict(self.policy)}
 
     def to_markdown(self) -> str:
@@ -89,7 +97,8 @@ class GateReport:
         head = (f"**Verdict: {self.verdict}** — candidate `{c['policy_id']}@{c['checkpoint_version'] or '-'}` vs "
                 f"champion `{k['policy_id']}@{k['checkpoint_version'] or '-'}`\n\n")
         gates = md_table(["gate", "kind", "result", "reason"],
-                         [(g.name, "hard" if g.hard else "soft", "pass" if g.passed else "**FAIL**", g.reason)
+                         [(g.name, "warning" if g.warning else "hard" if g.hard else "soft",
+                           "pass" if g.passed else "**WARN**" if g.warning else "**FAIL**", g.reason)
                           for g in self.gates])
         side = md_table(["", "episodes", "scored", "infra failures", "tasks scored"],
                         [(n, s["episodes"], s["scored"], s["infra_failures"], s["tasks_scored"])
@@ -385,18 +394,34 @@ def gate_reward_hacking(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) -> tupl
     return True, f"mean reward up {a:.3f} > {b:.3f}; pass rate and verifier components not down", nums
 
 
+def gate_pretraining_membership(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) -> tuple[bool, str, dict]:
+    """A warning: the base the candidate was trained from has likely read the holdout's reference
+    solutions (the membership test's CI of the excess name gap is above 0)."""
+    m = dict(ev.pretraining_membership or {})
+    nums = {**m, "source": ev.sources.get("pretraining_membership")}
+    if ev.lineage_recorded is None:
+        return True, "no trained weights: no pretraining to have seen the holdout", nums
+    if not m:
+        return True, "no membership test recorded (a base trained from scratch on the train split has no pretraining)", nums
+    gap = f"excess name gap {m['excess_gap']:+.3f} [{m['excess_gap_ci'][0]:+.3f}, {m['excess_gap_ci'][1]:+.3f}]"
+    if m.get("likely_seen"):
+        return False, (f"the base has likely seen the holdout's solutions ({gap} over {m['programs']} programs): "
+                       "its pass rate measures recall as well as repair"), nums
+    return True, f"no sign the base has seen the holdout's solutions ({gap})", nums
+
+
 GATE_FUNCTIONS = {
     "comparable": gate_comparable, "evaluation_complete": gate_evaluation_complete,
     "beats_champion": gate_beats_champion, "slice_regression": gate_slice_regression,
     "hard_gate_violations": gate_hard_gate_violations, "latency_p95": gate_latency_p95,
     "judge_kappa": gate_judge_kappa, "contamination": gate_contamination, "consent": gate_consent,
-    "reward_hacking": gate_reward_hacking,
+    "reward_hacking": gate_reward_hacking, "pretraining_membership": gate_pretraining_membership,
 }
 assert tuple(GATE_FUNCTIONS) == GATES
 
 
 def verdict_of(gates: Sequence[GateResult]) -> str:
-    failed = {g.name: g for g in gates if not g.passed}
+    failed = {g.name: g for g in gates if not g.passed and not g.warning}
     if "comparable" in failed:
         return "not_comparable"
     if any(g.hard for g in failed.values()):
@@ -414,6 +439,6 @@ def evaluate_gates(candidate_rows: Iterable[Mapping], champion_rows: Iterable[Ma
     results = []
     for name, fn in GATE_FUNCTIONS.items():
         ok, reason, nums = fn(c, k, ev, pol)
-        results.append(GateResult(name, bool(ok), pol.is_hard(name), reason, nums))
+        results.append(GateResult(name, bool(ok), pol.is_hard(name), reason, nums, warning=name in WARNINGS))
     return GateReport(candidate=c.summary(), champion=k.summary(), verdict=verdict_of(results),
                       gates=tuple(results), policy=pol.to_dict())

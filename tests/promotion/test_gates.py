@@ -178,9 +178,9 @@ def test_report_markdown_and_dict():
     md = rep.to_markdown()
     assert rep.verdict == "pass" and md.startswith("**Verdict: pass**")
     for g in rep.gates:
-        assert f"| {g.name} | hard | pass |" in md
+        assert f"| {g.name} | {'warning' if g.warning else 'hard'} | pass |" in md
     d = rep.to_dict()
-    assert d["failed"] == [] and len(d["gates"]) == 10 and d["policy"]["min_kappa"] == 0.8
+    assert d["failed"] == [] and len(d["gates"]) == 11 and d["policy"]["min_kappa"] == 0.8
     assert isinstance(Evidence.from_dict(GOOD_EVIDENCE).consent_violations, tuple)
 
 
@@ -234,3 +234,24 @@ def test_the_same_difference_promotes_once_the_interval_clears_zero():
     g = rep.gate("beats_champion")
     assert g.numbers["diff"] == pytest.approx(0.1, abs=1e-4) and g.numbers["ci_low"] > 0.0
     assert g.passed and rep.verdict == "pass"
+
+
+SEEN = {"programs": 40, "control_programs": 12, "min_k": 0.2, "held_out_gap": 0.17, "control_gap": -0.69,
+        "excess_gap": 0.86, "excess_gap_ci": [0.30, 1.48], "likely_seen": True}
+
+
+def test_a_base_that_has_seen_the_holdout_warns_without_changing_the_verdict():
+    cand, champ = _pair([["pass"] * 3] * 30, [["fail"] * 3] * 30)
+    clean = evaluate_gates(cand, champ, GOOD_EVIDENCE, GatePolicy(slice_columns=("slice",)))
+    seen = evaluate_gates(cand, champ, {**GOOD_EVIDENCE, "pretraining_membership": SEEN},
+                          GatePolicy(slice_columns=("slice",)))
+    g = seen.gate("pretraining_membership")
+    assert not g.passed and g.warning and not g.hard and "likely seen the holdout's solutions" in g.reason
+    assert seen.verdict == clean.verdict == "pass" and seen.failed == [] and seen.warnings == ["pretraining_membership"]
+    assert seen.to_dict()["warnings"] == ["pretraining_membership"] and "**WARN**" in seen.to_markdown()
+    # not seen, not measured, or no trained weights: no warning
+    for ev in ({"pretraining_membership": {**SEEN, "likely_seen": False}}, {"pretraining_membership": None},
+               {"pretraining_membership": SEEN, "lineage_recorded": None}):
+        assert evaluate_gates(cand, champ, {**GOOD_EVIDENCE, **ev}).gate("pretraining_membership").passed, ev
+    with pytest.raises(ValueError, match="not gates"):
+        GatePolicy(soft_gates=("pretraining_membership",))

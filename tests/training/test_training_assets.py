@@ -283,3 +283,32 @@ def _passed_report(wh, at):
                                code_cols=("code",), key_cols=CONTAMINATION_KEYS, threshold=0.8, max_examples=5)
     assert rep["passed"]
     st.append(report_tables(rep, at, "test"))
+
+
+def test_a_pretrained_base_is_tested_for_membership_of_the_holdout(warehouse_home, pretrained_base):
+    """base_policy with a pretrained (or user) base runs the membership test on the holdout's
+    reference solutions and records it; promotion's evidence and the scorecard read it back."""
+    import dagster as dg
+
+    from assets.training import base_policy
+    from ratchet.evaluation.io import membership_note
+    from ratchet.promotion.evidence import pretraining_membership
+    from resources import WarehouseResource
+
+    home, wh = warehouse_home
+    with wh.connect() as con:
+        con.execute("UPDATE split_assignments SET split = 'holdout' WHERE kind = 'task' AND source_id IN "
+                    "(SELECT source_id FROM split_assignments WHERE kind = 'task' ORDER BY source_id LIMIT 2)")
+    r = dg.materialize([base_policy], resources={"warehouse": WarehouseResource(home=str(home))},
+                       run_config={"ops": {"base_policy": {"config": {"spec": str(pretrained_base),
+                                                                        "membership_tasks": 5}}}})
+    assert r.success
+    meta = r.asset_materializations_for_node("base_policy")[0].metadata
+    rep = meta["membership"].value
+    assert rep["programs"] == 1 and rep["control_programs"] == 12       # two mutants of one problem: one solution
+    with wh.connect() as con:
+        got, source = pretraining_membership(con)
+        row = con.execute("SELECT * FROM base_membership").fetchdf().to_dict("records")[0]
+    assert got["excess_gap"] == rep["excess_gap"] and got["likely_seen"] == rep["likely_seen"]
+    assert source.startswith("base_membership of ") and "over 1 programs" in source
+    assert ("has likely seen" in membership_note(row)) == rep["likely_seen"]
