@@ -17,6 +17,7 @@ from sandboxes.agents.base import AgentRun, Session
 from sandboxes.agents.baselines import run_random, run_sbfl
 from sandboxes.agents.expert import run_expert
 from sandboxes.agents.lm import run_lm
+from sandboxes.agents.shell import run_shell
 from sandboxes.agents.noisy import run_noisy
 from sandboxes.agents.prior import Prior, fit_prior, run_prior
 
@@ -43,6 +44,8 @@ register_agent("structured", lambda env, rng, **kw: run_prior(env, rng, structur
 # the base model's likelihood ranks the candidate edits (needs scorer=: ratchet.policy.lm_score):
 # the no-weights bar for policies trained from that base
 register_agent("lm", run_lm)
+# the prior harness's choices through bash and str_replace_editor (the tools real agents use)
+register_agent("shell", run_shell)
 
 __all__ = ["AGENTS", "AgentRun", "Prior", "Session", "fit_prior", "register_agent", "run_agent",
            "run_expert", "run_lm", "run_noisy", "run_prior", "run_random", "run_sbfl"]
