@@ -4,7 +4,7 @@ native logs, so ingest reads them through its adapters and training sees calls t
 `str_replace_editor` in the formats real agents log them in.
 
     swe_agent_traj(run, bundle)     # -> dict, write as <instance>.traj
-    atif_traj(run, bundle)          # -> dict, write as <session>.json
+    atif_traj(run, bundle)          # -> dict, write as <task id>.json
 
 Only the run's own messages and measured numbers go in; what a format has and the run does not
 (SWE-agent's model stats, ATIF's per-step metrics) is left out rather than made up.
