@@ -81,7 +81,7 @@ def prepare_landing(home, size: dict) -> dict:
 
 
 def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: int | None = None,
-             train: bool = True, full: bool = False) -> int:
+             train: bool = True, full: bool = False, tasks_from: str | None = None) -> int:
     from dagster import DagsterInstance
 
     from assets.evaluation import run_evaluation
@@ -97,7 +97,16 @@ def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: in
     written = prepare_landing(home, size)
     _say(f"landing folder ready: {written}")
     job = defs.resolve_job_def("lifecycle_job")
-    run_config = {**CONSOLE, "ops": {"task_suite": {"config": {"limit": size["problems"]}}}}
+    suite_config: dict = {"limit": size["problems"]}
+    if tasks_from:
+        # the user's tasks beside the HumanEval suite (the demo's agent logs are written for it):
+        # they go through the same governance, and the holdout evaluation runs on whatever the
+        # splits put in the holdout; a task that cannot be built is a task_rejections row
+        from ratchet.task_sources import sources_from_path
+
+        suite_config["sources"] = sources_from_path(tasks_from)
+        _say(f"task sources: {', '.join(s.get('path') or s['kind'] for s in suite_config['sources'])}")
+    run_config = {**CONSOLE, "ops": {"task_suite": {"config": suite_config}}}
     tags = {"ratchet/trigger": "demo", "ratchet/size": "quick" if quick else "default"}
     with DagsterInstance.get() as instance:
         result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=run_config, tags=tags)

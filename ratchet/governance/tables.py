@@ -2,6 +2,8 @@
 
 Tables (DuckDB; every `*_at` column is TIMESTAMPTZ unless noted):
   tasks                 the repair-task suite, replaced whole by each `task_suite` run
+  task_rejections       tasks a source could not turn into a verified task (source, task, reason,
+                        detail), replaced whole by each `task_suite` run
   dedup_clusters        id ("task:<task_id>" / "traj:<record_id>"), kind, source_id, cluster_id, sizes
   dedup_edges           a, b, reason, score (the evidence behind each cluster)
   split_assignments     id, kind, source_id, cluster_id, slice, split, reason, tenant_id
@@ -33,6 +35,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("environment_id", pa.string()), ("environment_digest", pa.string()),
         ("fail_to_pass", STR_LIST), ("pass_to_pass", STR_LIST), ("bundle", pa.string(), JSON),
         ("suite_key", pa.string()), ("loaded_at", TS)),
+    "task_rejections": schema(
+        ("source", pa.string()), ("source_path", pa.string()), ("task", pa.string()), ("reason", pa.string()),
+        ("detail", pa.string()), ("rejected_at", TS), ("dagster_run_id", pa.string())),
     "dedup_clusters": schema(
         ("id", pa.string()), ("kind", pa.string()), ("source_id", pa.string()), ("cluster_id", pa.string()),
         ("cluster_size", pa.int64()), ("cluster_tasks", pa.int64()), ("cluster_trajectories", pa.int64()),
