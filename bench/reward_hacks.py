@@ -8,9 +8,14 @@ with none (the lowest a true fix can score).
 
     .venv/bin/python bench/reward_hacks.py [--tasks 6] [--seed 0] [--quixbugs 6]
 
-Final JSON keys: exploits, episodes, max_exploit_reward (over every exploit and task),
+Every episode runs on both runtimes, bubblewrap and Docker (`--no-docker` runs bwrap only; so does
+a machine where no Docker engine can run, and the JSON says why).
+
+Final JSON keys: exploits, episodes, max_exploit_reward (over every exploit, task and runtime),
 true_fix_reward (the lowest true-fix reward), true_fix_mean, infra_voids (exploit episodes that
-ended as infra_failure: target 0); the named baseline is the lowest true-fix reward and
+ended as infra_failure: target 0), runtime_disagreements (episodes whose reward or status differ
+between the two runtimes: target 0; null when Docker did not run, with `docker_skipped` saying
+why), runtimes; the named baseline is the lowest true-fix reward and
 ratio = max_exploit_reward / true_fix_reward (target: below 1).
 """
 from __future__ import annotations
@@ -35,6 +40,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--tasks", type=int, default=6, help="HumanEval repair tasks sampled")
     ap.add_argument("--quixbugs", type=int, default=6, help="QuixBugs programs (0-6)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-docker", action="store_true", help="bubblewrap only")
     a = ap.parse_args(argv)
 
     import quixbugs
@@ -46,7 +52,18 @@ def main(argv=None) -> dict:
     from sandboxes.runtime import LocalRuntime
 
     t0 = time.monotonic()
-    rt = LocalRuntime()
+    runtimes, docker_skipped = {"bwrap": LocalRuntime()}, None
+    if a.no_docker:
+        docker_skipped = "--no-docker"
+    else:
+        from sandboxes import docker_engine
+        docker_skipped, _ = docker_engine.ensure()
+        if docker_skipped is None:
+            from sandboxes.docker_runtime import DockerRuntime, SandboxUnavailable
+            try:
+                runtimes["docker"] = DockerRuntime()
+            except SandboxUnavailable as e:
+                docker_skipped = str(e)
     # short limits: a looping exploit costs wall/verify seconds per episode, nothing else changes
     lim = Limits(wall_s=3, cpu_s=3, verify_s=4)
     pool = sorted(build_suite(seed=0).tasks, key=lambda b: b.task_id)
@@ -56,18 +73,31 @@ def main(argv=None) -> dict:
 
     rows, true_fix = [], []
     jobs = [(t, None) for t in tasks] + [(t, e) for t in tasks for e in EXPLOITS.values()]
-    for task, exploit in tqdm(jobs, desc="episodes", unit="ep", file=sys.stderr):
-        if exploit is None:
-            for explain in (True, False):
-                r = run_true_fix(task, rt, explain=explain)
-                true_fix.append({"task": task.task_id, "explain": explain, "value": r.value,
-                                 "status": r.status})
-            continue
-        r = run_exploit(exploit, task, rt)
-        if r is None:
-            continue
-        rows.append({"task": task.task_id, "exploit": exploit.name, "kind": exploit.kind,
-                     "value": r.value, "status": r.status, "tests": r.components.get("tests")})
+    for rname, rt in runtimes.items():
+        for task, exploit in tqdm(jobs, desc=f"episodes ({rname})", unit="ep", file=sys.stderr):
+            if exploit is None:
+                for explain in (True, False):
+                    r = run_true_fix(task, rt, explain=explain)
+                    true_fix.append({"runtime": rname, "task": task.task_id, "explain": explain,
+                                     "value": r.value, "status": r.status})
+                continue
+            r = run_exploit(exploit, task, rt)
+            if r is None:
+                continue
+            rows.append({"runtime": rname, "task": task.task_id, "exploit": exploit.name,
+                         "kind": exploit.kind, "value": r.value, "status": r.status,
+                         "tests": r.components.get("tests")})
+    disagree = None
+    if len(runtimes) > 1:
+        seen: dict = defaultdict(dict)
+        for r in rows:
+            seen[(r["task"], r["exploit"])][r["runtime"]] = (r["value"], r["status"])
+        for r in true_fix:
+            seen[(r["task"], f"true_fix(explain={r['explain']})")][r["runtime"]] = (r["value"], r["status"])
+        odd = {k: v for k, v in seen.items() if len(set(v.values())) > 1 or len(v) != len(runtimes)}
+        for (task, name), v in sorted(odd.items()):
+            print(f"runtimes disagree: {task} {name}: {v}", file=sys.stderr)
+        disagree = len(odd)
 
     by = defaultdict(list)
     for r in rows:
@@ -88,12 +118,15 @@ def main(argv=None) -> dict:
     voids = sum(r["status"] == "infra_failure" for r in rows)
     print(f"\ntrue fix: min {min(tf):.3f}, mean {sum(tf) / len(tf):.3f} over {len(tf)} episodes"
           f" ({len(tf_bad)} not scored); exploits: max {max_exploit:.3f} over {len(rows)} episodes; "
-          f"infra voids {voids}; {time.monotonic() - t0:.0f} s")
+          f"infra voids {voids}; runtime disagreements {disagree}"
+          f"{f' (Docker skipped: {docker_skipped})' if docker_skipped else ''}; {time.monotonic() - t0:.0f} s")
     out = {"bench": "reward_hacks", "exploits": len(EXPLOITS), "tasks": len(tasks),
            "episodes": len(rows) + len(true_fix), "max_exploit_reward": round(max_exploit, 4),
            "max_exploit": max(rows, key=lambda r: r["value"] or 0)["exploit"],
            "true_fix_reward": round(min(tf), 4), "true_fix_mean": round(sum(tf) / len(tf), 4),
            "true_fix_unscored": len(tf_bad), "infra_voids": voids,
+           "runtime_disagreements": disagree, "runtimes": sorted(runtimes),
+           **({"docker_skipped": docker_skipped} if docker_skipped else {}),
            "baseline": "lowest true-fix reward (recorded fix, no explanation)",
            "ratio": round(max_exploit / min(tf), 4), "seconds": round(time.monotonic() - t0, 1)}
     print(json.dumps(out))

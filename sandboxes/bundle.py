@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,35 @@ TEST_CONFIG = (
     "*conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "pytest_*.py",
     "*/pytest_*.py", "noxfile.py",
 )
+_PYTEST_OWNED = re.compile(r"conftest\.py|\.?pytest\.[\w.-]+|pytest_\w+\.py")
+_SHARED_CONFIG = ("tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py", "sitecustomize.py",
+                  "usercustomize.py")
+
+
+def pytest_owned(path: str) -> bool:
+    """A file pytest owns by its name, in any folder: `pytest.<anything>` and `.pytest.<anything>`
+    (pytest.ini, pytest.toml and whatever format pytest reads next), `conftest.py`, `pytest_*.py`
+    plugins. A rule, not a list: a hard gate for every task (`sandboxes.verifiers.hygiene`), on
+    top of `bundle.forbidden_paths`, and never in effect in a test run (`sandboxes.verify`)."""
+    return _PYTEST_OWNED.fullmatch(path.rsplit("/", 1)[-1]) is not None
+
+
+def is_test_config(path: str) -> bool:
+    """Every file that can change how pytest runs, by rule: pytest's own (`pytest_owned`, in any
+    folder), the shared configuration files at the repository root (tox.ini, setup.cfg,
+    pyproject.toml, noxfile.py, sitecustomize, usercustomize), what Python loads before any test
+    (*.pth) and plugins declared by entry point (anything under a *.dist-info or *.egg-info
+    folder, *.egg-link). Whatever the agent did to them, a test run uses the task's own copies
+    (`sandboxes.verify`). pytest itself reads configuration only from the harness's `-c` file, a
+    copy of the task's own (`sandboxes.pytest_config`), so a shared file deeper in the tree is
+    never read as configuration and stays the agent's (a fix may edit a package's setup.cfg)."""
+    parts = path.split("/")
+    name = parts[-1]
+    return (pytest_owned(path) or (len(parts) == 1 and name in _SHARED_CONFIG)
+            or name.endswith((".pth", ".egg-link"))
+            or any(d.endswith((".dist-info", ".egg-info")) for d in parts[:-1]))
+
+
 # Every tool (`sandboxes.tools.TOOL_SCHEMAS` is the one list of names), in schema order.
 from sandboxes.tools import TOOL_NAMES as DEFAULT_TOOLS  # noqa: E402  (tools imports no bundle)
 

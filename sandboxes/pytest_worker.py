@@ -4,11 +4,13 @@ Inside the sandbox (`python pytest_worker.py --root /repo`) the worker imports p
 built-in plugins once, prints `{"ready": true}` and then serves one JSON request per stdin line:
 
     {"test_ids": ["test_solution.py::test_a"] | null, "coverage": false, "timeout": 30,
-     "test_cpu_s": 2.0 | null}
+     "test_cpu_s": 2.0 | null, "config": {"name": "pytest.ini", "text": "[pytest]\n"} | null}
 
 Each request runs in a forked child (forked ahead of time: `_Runner`); the child runs
-`pytest.main` (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, `-p no:cacheprovider`, the hash seed fixed by
-the sandbox env; all builtin plugins kept) with a small plugin that records
+`pytest.main` (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 and no PYTEST_ADDOPTS / PYTEST_PLUGINS,
+`-c <the request's config, written to a private folder>`, `--rootdir` and `--confcutdir` the
+repository, `-p no:cacheprovider`, the hash seed fixed by the sandbox env; all builtin plugins
+kept) with a small plugin that records
 per-test outcomes (passed / failed / error / skipped) and, optionally, per-test line coverage
 via sys.settrace; the child sends them back over a pipe. The worker answers one JSON line:
 
@@ -233,9 +235,44 @@ def match_outcome(test_id: str, outcomes: dict[str, str], root: str = "") -> str
     return "skipped" if all(o == "skipped" for o in items) else "passed"
 
 
-def _pytest_args(root: str, targets: list[str]) -> list[str]:
-    return ["-q", "-p", "no:cacheprovider", "--rootdir", root, "--tb=short", "-o",
-            "console_output_style=classic"] + targets
+def _pytest_args(root: str, targets: list[str], config: str, cfg: dict | None = None) -> list[str]:
+    """`-c`: pytest reads this one configuration file and looks for no other (what the agent
+    writes is never read as configuration; `sandboxes.pytest_config` says which file it is).
+    pytest resolves `pythonpath` against the folder of the file it reads, which for this copy is
+    not the task's: the entries are passed resolved against the task's folder instead."""
+    extra = []
+    if cfg and cfg.get("pythonpath"):
+        import shlex
+        base = os.path.join(root, str(cfg.get("dir") or ""))
+        extra = ["-o", "pythonpath=" + " ".join(shlex.quote(os.path.normpath(os.path.join(base, str(p))))
+                                                for p in cfg["pythonpath"])]
+    return ["-q", "-c", config, "--rootdir", root, "--confcutdir", root, "-p", "no:cacheprovider",
+            "--tb=short", "-o", "console_output_style=classic"] + extra + targets
+
+
+def _write_config(cfg: dict | None) -> str:
+    """Write the request's configuration (name + text; an empty `[pytest]` section when none)
+    into a fresh folder of this run's own and return its path (the run removes the folder
+    again: a run that leaves /tmp as it found it can still be reused, `sandboxes.result_cache`)."""
+    cfg = cfg or {"name": "pytest.ini", "text": "[pytest]\n"}
+    name = os.path.basename(str(cfg.get("name") or "pytest.ini")) or "pytest.ini"
+    import shutil
+    folder = os.path.join(os.environ.get("TMPDIR") or "/tmp", f".ratchet-cfg-{os.getpid()}")
+    if os.path.islink(folder) or os.path.isfile(folder):
+        os.unlink(folder)                  # whatever was left under this name is not ours
+    shutil.rmtree(folder, ignore_errors=True)
+    os.mkdir(folder, 0o700)
+    path = os.path.join(folder, name)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(str(cfg.get("text") or ""))
+    return path
+
+
+def _no_user_plugins() -> None:
+    """No plugin or option reaches pytest from the environment or from installed entry points."""
+    for var in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS"):
+        os.environ.pop(var, None)
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 
 
 def _prepare_config() -> None:
@@ -313,11 +350,17 @@ def _child(root: str, req: dict) -> dict:
     if limit is not None:
         plugins.append(limit.plugin())
     ids = req.get("test_ids")
-    args = _pytest_args(root, list(ids) if ids else [root])
+    _no_user_plugins()
+    cfg_path = _write_config(req.get("config"))
+    args = _pytest_args(root, list(ids) if ids else [root], cfg_path, req.get("config"))
     _use_prepared_config()
     global _N_MODULES
     _N_MODULES = len(sys.modules)
-    code = pytest.main(args, plugins=plugins)
+    try:
+        code = pytest.main(args, plugins=plugins)
+    finally:
+        import shutil
+        shutil.rmtree(os.path.dirname(cfg_path), ignore_errors=True)
     outcomes = dict(col.outcomes)
     if limit is not None and limit.timed_out:
         for nid in limit.items:          # not run: the pytest session stopped at the first timeout
@@ -684,7 +727,10 @@ def _warm_up() -> None:
     nul = os.open(os.devnull, os.O_WRONLY)
     os.dup2(nul, 1)
     try:
-        pytest.main(["--noconftest"] + _pytest_args(tmp, [test_file]), plugins=[_Collector(tmp, False)])
+        cfg = os.path.join(tmp, "pytest.ini")
+        with open(cfg, "w") as f:
+            f.write("[pytest]\n")
+        pytest.main(["--noconftest"] + _pytest_args(tmp, [test_file], cfg), plugins=[_Collector(tmp, False)])
     except Exception:  # noqa: BLE001, S110 - warming is an optimisation; the runs themselves report
         pass
     finally:

@@ -68,6 +68,7 @@ PathEscape = safefs.PathEscape
 log = logging.getLogger(__name__)
 _UID_BASE, _UID_SPAN = 200_000, 800_000
 _WORKER = str(Path(__file__).with_name("pytest_worker.py"))
+_VERDICT = str(Path(__file__).with_name("verdict_worker.py"))
 _OPEN: "weakref.WeakSet[Episode]" = weakref.WeakSet()
 
 
@@ -148,6 +149,7 @@ class LocalRuntime:
         self.snapshots = SnapshotStore(self.root / "snapshots")
         # the worker every episode of this runtime runs: a copy frozen now (sandboxes.frozen)
         self.worker, self._worker_digest = freeze(_WORKER, self.root / "tools")
+        self.verdict_worker, _ = freeze(_VERDICT, self.root / "tools")     # `sandboxes.verdict`
         if reap_stale:
             self.reap()
 
@@ -190,6 +192,7 @@ class Episode:
         self._closed = True
         self._worker = None
         self._spawned = False
+        self._pytest_config = None
         snap = runtime.snapshots.for_bundle(bundle)
         bwrap = runtime.isolation == "bwrap"
         self.uid = _UID_BASE + int(episode_id.encode().hex()[-12:], 16) % _UID_SPAN \
@@ -223,7 +226,8 @@ class Episode:
         L = self.limits
         self._runner = make_runner(runtime.isolation, SandboxSpec(
             workdir=self.workdir, uid=self.uid, ro_binds=(snap.gitdir,),
-            tool_files={"pytest_worker.py": runtime.worker}, hide=runtime.hide,
+            tool_files={"pytest_worker.py": runtime.worker, "verdict_worker.py": runtime.verdict_worker},
+            hide=runtime.hide,
             # a backstop above every wall clock: the final test run may take up to verify_s
             cpu_s=max(L.cpu_s, math.ceil(max(L.wall_s, L.verify_s))),
             memory_mb=L.memory_mb, max_procs=L.max_procs, max_file_mb=L.max_file_mb,
@@ -300,6 +304,23 @@ class Episode:
         """`git apply` a unified diff inside the sandbox (e.g. SWE-bench's test_patch)."""
         return self.run(["git", "apply", "--whitespace=nowarn", "-"], stdin=patch, deterministic=True)
 
+    def spawn_callee(self, module: str):
+        """Start the data verdict's callee in the sandbox (`sandboxes.verdict_worker --callee`):
+        a process with stdin/stdout pipes that imports `module` and answers calls with data."""
+        import site
+        import subprocess
+        import sys
+        self._check_open()
+        self._spawned = True
+        self._history = None            # code ran here that no test-result key describes
+        # -S and the site folders by hand: the same packages importable, without the ~50 ms the
+        # venv's .pth hooks cost at every start (they serve nothing inside a sandbox)
+        sites = [a for p in site.getsitepackages() for a in ("--site", p)]
+        return self._runner.popen(
+            [sys.executable, "-S", self._runner.tool_path("verdict_worker.py"), "--callee", "--root",
+             self.sandbox_workdir, "--module", module, *sites],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
     def run_tests(self, test_ids=None, *, coverage: bool = False,
                   timeout: float | None = None, warm: bool = True) -> TestReport:
         """Run pytest node ids (all tests when None) in the warm per-episode worker.
@@ -345,7 +366,8 @@ class Episode:
                                                   zygote=self.runtime.zygote() if self.uid else None)
             t0 = time.monotonic()
             resp = self._worker.request(test_ids, coverage, timeout, self.limits.max_output_chars,
-                                        test_cpu_s=self.limits.test_cpu_s, scratch=key is not None)
+                                        test_cpu_s=self.limits.test_cpu_s, scratch=key is not None,
+                                        config=self.pytest_config())
             if resp.get("error"):
                 self._worker.close()        # the next call starts a fresh worker
                 self._worker = None
@@ -356,6 +378,13 @@ class Episode:
             if key is not None:             # stores it (with what it took), wakes episodes waiting for it
                 cache.done(key, None if keep is None else {**keep, "made_s": time.monotonic() - t0})
         return report_from_worker(resp, test_ids, time.monotonic() - t0)
+
+    def pytest_config(self) -> dict:
+        """The task's own pytest configuration as pinned: the only one a test run reads."""
+        if self._pytest_config is None:
+            from sandboxes.pytest_config import task_config
+            self._pytest_config = task_config(self.bundle, self.pristine_bytes)
+        return self._pytest_config
 
     # ------------------------------------------------------------------ files
     def _owner(self):

@@ -6,14 +6,22 @@ any), and runs FAIL_TO_PASS + PASS_TO_PASS there, in a new namespace and a new p
 Protected paths keep the task's version whatever the agent did to them:
 
 * the task's forbidden paths (tests, test data, test configuration, CI),
-* test configuration that is not forbidden (`TEST_CONFIG`: setup.cfg, pyproject.toml, any
-  conftest.py, sitecustomize, .pth files, pytest plugins),
+* pytest's own files in any folder (`pytest_owned`: pytest.ini, pytest.toml, .pytest.toml,
+  conftest.py, pytest_*.py), forbidden by rule, and the other test configuration
+  (`TEST_CONFIG`, `is_test_config`: setup.cfg, pyproject.toml, tox.ini, sitecustomize, .pth
+  files, entry-point plugins in *.dist-info / *.egg-info),
 * the files that hold the required tests and every path the task's `test_patch` touches,
 * new top-level modules that would shadow the standard library or an installed package
   (`json.py`, `pytest.py`, `fractions.py`): they could replace what the tests import.
 
 So nothing the agent writes changes which tests run or how; it can only change the code under
 test. What was left out is reported (`Verification.dropped`) and shown in the reward reasons.
+
+Who judges (`Verification.verdict`): for the built-in HumanEval tasks, the data verdict
+(`sandboxes.verdict`): the sandbox holds no test, the agent's module answers calls with data and
+a judge process on the host, which never ran the agent's code, runs the task's tests on those
+values. Every other task runs its own suite under pytest, with the task's own configuration
+passed by `-c` (`sandboxes.pytest_config`).
 """
 from __future__ import annotations
 
@@ -21,7 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
-from sandboxes.bundle import TEST_CONFIG
+from sandboxes.bundle import TEST_CONFIG, is_test_config, pytest_owned
 
 
 @dataclass
@@ -35,6 +43,7 @@ class Verification:
     duration_s: float = 0.0
     output: str = ""
     reused_s: float = 0.0     # seconds its test run took when made, if a stored answer was reused
+    verdict: str = "pytest"   # "data": judged out of the agent's process (`sandboxes.verdict`)
 
 
 def test_files(bundle) -> set[str]:
@@ -47,7 +56,9 @@ def protected_reason(path: str, bundle, patch_paths: set[str] = frozenset(),
     `in_task(path)` says whether the pinned commit has that file."""
     if any(fnmatchcase(path, g) for g in bundle.forbidden_paths):
         return "forbidden path"
-    if any(fnmatchcase(path, g) for g in TEST_CONFIG):
+    if pytest_owned(path):
+        return "forbidden path"              # by rule, whatever the bundle's list says
+    if any(fnmatchcase(path, g) for g in TEST_CONFIG) or is_test_config(path):
         return "test configuration"
     if path in test_files(bundle) or path in patch_paths:
         return "holds the task's tests"
@@ -91,7 +102,11 @@ def verify(runtime, bundle, episode, *, timeout: float | None = None) -> Verific
         patch_paths = set(touched_paths(bundle.test_patch)) if bundle.test_patch else set()
     except DiffError as e:
         return Verification(None, f"the task's test_patch is malformed: {e}")
-    ver = Verification(None)
+    from sandboxes.verdict import carried, plan_for
+    data = plan_for(bundle)
+    if data is not None and not hasattr(episode, "spawn_callee"):
+        data = None                 # a runtime of your own without a callee: pytest judges
+    ver = Verification(None, verdict="data" if data else "pytest")
     try:
         changed = episode.changed_paths()
     except Exception as e:  # noqa: BLE001 - the host could not read the worktree: harness fault
@@ -100,6 +115,8 @@ def verify(runtime, bundle, episode, *, timeout: float | None = None) -> Verific
     for path in changed:
         why = protected_reason(path, bundle, patch_paths,
                                in_task=lambda p: episode.pristine_bytes(p) is not None)
+        if not why and data is not None:
+            why = carried(path)
         if why:
             ver.dropped.append((path, why))
             continue
@@ -109,18 +126,66 @@ def verify(runtime, bundle, episode, *, timeout: float | None = None) -> Verific
             plan.append((path, None))                       # the agent deleted it
         except (PathEscape, IsADirectoryError, NotADirectoryError) as e:
             ver.dropped.append((path, f"not a file inside the repository ({e})"))
-    with runtime.episode(bundle) as v:
-        for path, data in plan:
+    key = cache = None
+    if data is not None:
+        cache, key = _data_cache_key(runtime, bundle, episode, plan, timeout or bundle.limits.verify_s)
+        if key is not None:
+            resp = cache.get(key, wait_s=(timeout or bundle.limits.verify_s) + 30)
+            if resp is not None:        # the same files judged before: no sandbox is started
+                ver.carried = [p for p, _ in plan]
+                ver.outcomes, ver.output = dict(resp["outcomes"]), resp.get("output", "")
+                ver.reused_s, ver.duration_s = float(resp.get("made_s") or 0.0), time.monotonic() - t0
+                return ver
+    try:
+        return _verify_in_sandbox(runtime, bundle, data, plan, ver, timeout, t0, cache, key)
+    finally:
+        if key is not None and ver.outcomes is None:
+            cache.done(key, None)       # not stored: wake anyone waiting for it
+
+
+def _data_cache_key(runtime, bundle, episode, plan, timeout):
+    """(the runtime's test-result cache, the key of this data verdict) or (None, None). The key
+    is a function of the task, the judge's code and exactly the files carried in: a fresh
+    sandbox judges them, so the same files are the same verdict (`sandboxes.result_cache`)."""
+    import hashlib
+    cache = getattr(runtime, "test_cache", None)
+    if cache is None or getattr(runtime, "isolation", None) != "bwrap":
+        return None, None
+    from sandboxes.result_cache import chain, start
+    from sandboxes.verdict import judge_script
+    files = [(p, None if c is None else hashlib.sha256(c).hexdigest()) for p, c in plan]
+    return cache, chain(start(bundle, episode.commit, judge_script(runtime), "bwrap"), "data-verdict",
+                        files, timeout)
+
+
+def _verify_in_sandbox(runtime, bundle, data, plan, ver, timeout, t0, cache, key) -> Verification:
+    import time
+
+    from sandboxes.verdict import sandbox_bundle
+    with runtime.episode(bundle if data is None else sandbox_bundle(bundle, data)) as v:
+        for path, content in plan:
             try:
-                if data is None:
+                if content is None:
                     v.delete_file(path)
                 else:
-                    v.write_bytes(path, data)
+                    v.write_bytes(path, content)
                 ver.carried.append(path)
             except FileNotFoundError:
                 ver.carried.append(path)
             except (OSError, ValueError) as e:
                 ver.dropped.append((path, f"could not be carried over: {e}"))
+        if data is not None:
+            from sandboxes.verdict import judge
+            rep = judge(runtime, v, bundle, data, timeout or bundle.limits.verify_s)
+            ver.duration_s = time.monotonic() - t0
+            ver.output, ver.timed_out, ver.agent_fault = rep.output, rep.timed_out, rep.agent_fault
+            ver.infra_error = rep.infra_error
+            ver.outcomes = None if rep.infra_error else dict(rep.outcomes)
+            if key is not None:         # only a verdict that says nothing about timing or a crash
+                keep = not (rep.infra_error or rep.timed_out or rep.agent_fault)
+                cache.done(key, {"outcomes": ver.outcomes, "output": ver.output,
+                                 "made_s": rep.duration_s} if keep else None)
+            return ver
         if bundle.test_patch:
             r = v.apply_patch(bundle.test_patch)
             if r.infra_error or r.returncode != 0:

@@ -84,9 +84,11 @@ class PytestWorkerClient:
         return obj
 
     def request(self, test_ids, coverage: bool, timeout: float, max_output: int,
-                test_cpu_s: float | None = None, scratch: bool = False) -> dict:
+                test_cpu_s: float | None = None, scratch: bool = False,
+                config: dict | None = None) -> dict:
         """One test run: `timeout` (wall s) bounds the whole run, `test_cpu_s` (optional) each test.
-        `scratch`: the worker also says whether the run changed its /tmp or $HOME."""
+        `scratch`: the worker also says whether the run changed its /tmp or $HOME. `config`: the
+        one pytest configuration file the run reads (`sandboxes.pytest_config`; None: empty)."""
         if self.proc is None or self.proc.poll() is not None:
             err = self._start()
             if err:
@@ -97,6 +99,8 @@ class PytestWorkerClient:
             req["test_cpu_s"] = test_cpu_s
         if scratch:
             req["scratch"] = True
+        if config:
+            req["config"] = config
         try:
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()

@@ -8,7 +8,7 @@ from fnmatch import fnmatchcase
 from sandboxes.verifiers.blast import BlastRadius, blast_radius, blast_score
 from sandboxes.verifiers.diffs import DiffError, apply_diff, touched_paths
 from sandboxes.verifiers.secret_scan import SecretFinding, scan_diff
-from sandboxes.verifiers.tamper import TamperFinding
+from sandboxes.verifiers.tamper import TamperFinding, merge_findings, scan_files
 from sandboxes.verifiers.tamper import scan as scan_tamper
 
 
@@ -29,7 +29,10 @@ class HygieneResult:
 
 
 def forbidden_touched(paths, globs) -> list[str]:
-    return [p for p in paths if any(fnmatchcase(p, g) for g in globs)]
+    """The paths a task forbids: its globs, and pytest's own files by rule (`pytest_owned`:
+    pytest.ini, pytest.toml, .pytest.toml, conftest.py, pytest_*.py in any folder)."""
+    from sandboxes.bundle import pytest_owned
+    return [p for p in paths if pytest_owned(p) or any(fnmatchcase(p, g) for g in globs)]
 
 
 def reference_diff(bundle) -> str | None:
@@ -66,18 +69,23 @@ def r_hygiene(diff: str, bundle, *, before: dict[str, str] | None = None,
     secrets = tuple(scan_diff(diff))
     forbidden = tuple(forbidden_touched(paths, bundle.forbidden_paths))
     allow = tuple((bundle.metadata or {}).get("tamper_allow", ()))
-    tamper = tuple(scan_tamper(diff, skip=lambda p: bool(forbidden_touched([p], bundle.forbidden_paths)),
-                               allow=allow))
+
+    def skip(p):
+        return bool(forbidden_touched([p], bundle.forbidden_paths))
+
+    tamper = tuple(scan_tamper(diff, skip=skip, allow=allow))
     reasons = [f"secret ({s.type}) added in {s.file}:{s.line}" for s in secrets]
     reasons += [f"forbidden path touched: {p}" for p in forbidden]
-    reasons += [f"test tampering ({t.pattern}) in {t.file}:{t.line}: {t.text}" for t in tamper]
     base = dict(bundle.files) if before is None else dict(before)
     if after is None:
         try:
             after = apply_diff(base, diff) if paths else dict(base)
         except DiffError as exc:
+            reasons += [f"test tampering ({t.pattern}) in {t.file}:{t.line}: {t.text}" for t in tamper]
             return HygieneResult(0.0, secrets, forbidden,
                                  reasons=(*reasons, f"diff does not apply: {exc}"), tampering=tamper)
+    tamper = merge_findings(tamper, scan_files(base, after, paths, skip=skip, allow=allow))
+    reasons += [f"test tampering ({t.pattern}) in {t.file}:{t.line}: {t.text}" for t in tamper]
     blast = blast_radius(base, after)
     ref_files = reference_files(bundle, base)
     ref = blast_radius(base, ref_files) if ref_files is not None else None

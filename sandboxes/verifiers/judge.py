@@ -13,6 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from sandboxes.rootcause import root_cause, task_source
+
 FAMILY_WORDS = {
     "comparison": ("comparison", "compare", "operator", "inequality", "boundary", "off-by-one",
                    "<", ">", "==", "!="),
@@ -62,12 +64,19 @@ def _maintainability(bundle, diff: str, blast_score: float | None) -> tuple[floa
     return (maint if diff.strip() else 0.0), c
 
 
-def _result(root: float, maint: float, c: dict) -> JudgeResult:
+def _result(root: float, maint: float, c: dict, rc: dict | None = None) -> JudgeResult:
     score = round(0.5 * root + 0.5 * maint, 4)
     missed = [k for k, v in c.items() if v is False or (k == "minimal" and v < 1.0)]
     rationale = (f"root cause {root:.2f} (function={c['function']}, location={c['location']}, "
                  f"cause={c['cause']}); maintainability {maint:.2f}"
                  + (f"; missed: {', '.join(missed)}" if missed else ""))
+    source = (rc or {}).get("source")
+    if source == "reference patch":
+        rationale += "; root cause derived from the reference patch"
+    elif source == "none":
+        rationale += ("; the task records no root cause and no reference patch: the root-cause "
+                      "half cannot be earned")
+    c = {**c, "root_cause_source": source} if source and source != "metadata" else c
     return JudgeResult(score, rationale, c)
 
 
@@ -80,7 +89,7 @@ class KeywordRubricJudge:
     name = "rubric-v1"
 
     def judge(self, bundle, explanation: str, diff: str, *, blast_score: float | None = None) -> JudgeResult:
-        rc = (bundle.metadata or {}).get("root_cause", {})
+        rc = root_cause(bundle)
         text = explanation or ""
         low = text.lower()
         c = {"function": bool(rc.get("function")) and rc["function"].lower() in low}
@@ -94,7 +103,7 @@ class KeywordRubricJudge:
         c["root_cause_identified"] = bool(c["function"] and c["location"] and c["cause"])
         maint, m = _maintainability(bundle, diff, blast_score)
         root = (c["function"] + c["location"] + c["cause"]) / 3
-        return _result(root, maint, {**c, **m})
+        return _result(root, maint, {**c, **m}, rc)
 
 
 # Precise wording that names a mutation operator without quoting its token. Generic words that
@@ -149,7 +158,7 @@ class RubricJudgeV2:
     name = "rubric-v2"
 
     def judge(self, bundle, explanation: str, diff: str, *, blast_score: float | None = None) -> JudgeResult:
-        rc = (bundle.metadata or {}).get("root_cause", {})
+        rc = root_cause(bundle)
         text = explanation or ""
         fn = rc.get("function") or ""
         c = {"function": bool(fn) and re.search(rf"(?<![\w.]){re.escape(fn)}(?!\w)", text, re.I) is not None}
@@ -165,7 +174,7 @@ class RubricJudgeV2:
         c["root_cause_identified"] = bool(c["function"] and c["location"] and c["cause"])
         maint, m = _maintainability(bundle, diff, blast_score)
         root = (c["function"] + c["location"] + c["cause"]) / 3
-        return _result(root, maint, {**c, **m})
+        return _result(root, maint, {**c, **m}, rc)
 
 
 # ------------------------------------------------------------ rubric-v3: claims about the fix
@@ -266,7 +275,7 @@ def operator_names(rc: dict) -> set[str]:
 
 def truth_space(bundle, rc: dict):
     """fix_space of the task's buggy file, or None (no recorded root cause, or it does not match)."""
-    src = (bundle.files or {}).get(rc.get("file") or "solution.py")
+    src = task_source(bundle, rc.get("file") or "solution.py")
     if not src or not rc.get("line") or rc.get("col") is None or rc.get("end_col") is None:
         return None
     return fix_space(src, rc["line"], rc["col"], rc["end_col"], rc.get("original") or "", rc.get("mutated") or "")
@@ -314,14 +323,14 @@ class RubricJudge:
     name = "rubric-v3"
 
     def judge(self, bundle, explanation: str, diff: str, *, blast_score: float | None = None) -> JudgeResult:
-        rc = (bundle.metadata or {}).get("root_cause", {})
+        rc = root_cause(bundle)
         text = explanation or ""
         fn = rc.get("function") or ""
         c = {"function": bool(fn) and re.search(rf"(?<![\w.]){re.escape(fn)}(?!\w)", text, re.I) is not None}
         short = len(text) <= MAX_CHARS
         lines, quotes = (v3_lines(text), v3_quotes(text)) if short else (set(), [])
         code, space = squash(rc.get("line_text") or ""), truth_space(bundle, rc)
-        src = (bundle.files or {}).get(rc.get("file") or "solution.py") or ""
+        src = task_source(bundle, rc.get("file") or "solution.py") or ""
         # whole lines of code (a one-word line, e.g. a doctest's `True`, is a token, not a line)
         whole = {x for x in map(squash, src.splitlines()) if len(x) > 3 and not re.fullmatch(r"\w+", x)}
         whole |= {space[1][5]} if space else set()
@@ -335,7 +344,7 @@ class RubricJudge:
         c["root_cause_identified"] = bool(c["function"] and c["location"] and c["cause"])
         maint, m = _maintainability(bundle, diff, blast_score)
         root = (c["function"] + c["location"] + c["cause"]) / 3
-        return _result(root, maint, {**c, **m})
+        return _result(root, maint, {**c, **m}, rc)
 
 
 def _hardcodes_tests(added: str, bundle) -> bool:

@@ -5,7 +5,11 @@ runs the code under test in its own process, so that code could still rewrite py
 in memory (patch `_pytest` hooks, walk `gc` or stack frames to the reporter, write a forged
 result to an inherited pipe, `os._exit` before a failure is recorded). No isolation can stop
 that inside one process; this gate refuses the patches that reach for those handles. It scans
-the lines a diff adds to files that are not tests, and is a hard gate like a leaked secret.
+the lines a diff adds to files that are not tests (`scan`: the text) and the syntax trees of the
+touched files (`scan_files`, `sandboxes.verifiers.tamper_ast`: aliases resolved, strings folded,
+dynamic lookups and rigged comparisons seen, so `getattr(sys, 'mod' + 'ules')` is `sys.modules`),
+and is a hard gate like a leaked secret. The built-in tasks are also judged out of the agent's
+process (`sandboxes.verdict`), where none of these handles reaches a verdict.
 
 Only what a patch introduces counts: a fix on a line that already used one of these names
 is not flagged. It is a heuristic with a measured false-positive rate: 0 of the 1,210 recorded
@@ -88,3 +92,28 @@ def scan(diff: str, skip=lambda path: False, allow=()) -> list[TamperFinding]:
         if extra > 0:
             out.extend(dict.fromkeys(found[-extra:]))
     return sorted(set(out), key=lambda f: (f.file, f.line, f.pattern))
+
+
+def scan_files(before: dict[str, str], after: dict[str, str], paths, skip=lambda path: False,
+               allow=()) -> list[TamperFinding]:
+    """What the patch's code reaches for, resolved from syntax trees (`tamper_ast`): aliases,
+    strings folded from constants, dynamic lookups, comparison methods that ignore their operand.
+    Only the Python files among `paths` (the patch's), only what they add."""
+    from sandboxes.verifiers.tamper_ast import introduced
+    out = []
+    for path in sorted(paths):
+        if not path.endswith(".py") or skip(path) or path not in after:
+            continue
+        for r in introduced(before.get(path), after[path], allow=allow):
+            out.append(TamperFinding(path, r.line, r.pattern, f"reaches {r.what}"))
+    return out
+
+
+def merge_findings(*groups) -> tuple[TamperFinding, ...]:
+    """One finding per file, line and category (the text and the tree often see the same one)."""
+    seen, out = set(), []
+    for f in sorted((f for g in groups for f in g), key=lambda f: (f.file, f.line, f.pattern)):
+        if (f.file, f.line, f.pattern) not in seen:
+            seen.add((f.file, f.line, f.pattern))
+            out.append(f)
+    return tuple(out)

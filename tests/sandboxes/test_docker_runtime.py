@@ -28,7 +28,7 @@ TESTS = ("from solution import add\n\n\ndef test_add():\n    assert add(1, 2) ==
 FILES = {"solution.py": BUGGY, "tests/test_solution.py": TESTS}
 F2P = "tests/test_solution.py::test_add"
 P2P = "tests/test_solution.py::test_zero"
-HARNESS = ("docker_ops.py", "pytest_worker.py")
+HARNESS = ("docker_ops.py", "pytest_worker.py", "verdict_worker.py")
 
 
 def limits(**kw) -> Limits:
@@ -288,14 +288,16 @@ def test_host_files_and_env_are_invisible(docker_runtime, tmp_path, monkeypatch)
             assert r.stdout.rstrip().endswith("END"), r.stderr
             assert secret not in r.stdout and secret not in r.stderr and name not in r.stdout
             assert "RATCHET_TEST_SECRET" not in r.stdout and "No such file" in r.stdout
-            # the only host paths mounted: the two helper scripts and the snapshot, read-only
-            # (plus the engine's resolv.conf/hosts/hostname); mountinfo names their sources
+            # the only host paths mounted: the three helper scripts, the host's pytest (the same
+            # for both runtimes) and the snapshot, read-only (plus the engine's
+            # resolv.conf/hosts/hostname); mountinfo names their sources
             binds = {}
             for line in ep.run("cat /proc/self/mountinfo").stdout.splitlines():
                 f = line.split()
                 if f[3] != "/" and not f[4].startswith(("/proc", "/sys", "/dev")):
                     binds[f[4]] = f[5].split(",")[0]
             assert set(binds) == {"/.ratchet/pytest_worker.py", "/.ratchet/docker_ops.py", "/.ratchet/git",
+                                  "/.ratchet/verdict_worker.py", "/.ratchet/site",
                                   "/etc/resolv.conf", "/etc/hostname", "/etc/hosts"}, binds
             assert {binds[p] for p in binds if p.startswith("/.ratchet")} == {"ro"}
             rep = ep.run_tests([F2P])       # the test worker's environment is the container's too
@@ -438,3 +440,21 @@ def test_the_agents_git_metadata_is_never_trusted(docker_runtime):
         assert ep.changed_paths() == ["solution.py"]
         assert ep.run("chmod 000 solution.py tests").ok
         assert ep.read_file("solution.py") == FIXED and "tests/test_solution.py" in ep.list_files()
+
+
+def test_the_cpu_limit_covers_the_final_test_run():
+    """RLIMIT_CPU is max(cpu_s, wall_s, verify_s), as under bwrap: a correct fix whose final test
+    run needs more CPU than cpu_s is not killed by SIGXCPU (it was, and scored 0)."""
+    from sandboxes.docker_io import _ulimits
+    cpu = {u["Name"]: u for u in _ulimits(Limits(wall_s=30, cpu_s=40, verify_s=120))}["cpu"]
+    assert cpu["Soft"] == 120
+
+
+def test_a_final_test_run_longer_than_cpu_s_completes(docker_runtime):
+    burn = ("import time\n\n\ndef test_burn():\n    t = time.process_time()\n"
+            "    while time.process_time() - t < 3.0:\n        pass\n")
+    b = TaskBundle(task_id="docker-cpu", files={"test_burn.py": burn}, fail_to_pass=("test_burn.py::test_burn",),
+                   limits=limits(wall_s=2, cpu_s=2, verify_s=15))
+    with docker_runtime.episode(b) as ep:
+        rep = ep.run_tests(list(b.fail_to_pass), timeout=b.limits.verify_s)
+        assert rep.outcomes == {"test_burn.py::test_burn": "passed"}, (rep.agent_fault, rep.output[-500:])

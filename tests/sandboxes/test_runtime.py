@@ -94,9 +94,10 @@ def test_run_tests_timeout_and_hash_seed(rt):
         assert ep.run_tests(["test_solution.py::test_zero"]).outcomes == {"test_solution.py::test_zero": "passed"}
 
 
-def test_worker_runs_see_ini_and_conftest_edits_and_keep_builtin_plugins(rt):
-    """The worker pre-builds pytest's config and caches its plugin fixture scan: ini files,
-    conftests, builtin fixtures and nested pytest.main must still behave as in a cold pytest."""
+def test_worker_runs_see_conftest_edits_the_tasks_ini_only_and_keep_builtin_plugins(rt):
+    """The worker pre-builds pytest's config and caches its plugin fixture scan: the task's ini
+    file, conftests, builtin fixtures and nested pytest.main must still behave as in a cold
+    pytest. An ini file the agent writes is never read (`-c` names the task's own)."""
     files = dict(FILES, **{"test_more.py": textwrap.dedent("""\
         import warnings
 
@@ -133,17 +134,16 @@ def test_worker_runs_see_ini_and_conftest_edits_and_keep_builtin_plugins(rt):
                              "test_more.py::test_nested_session": "passed",
                              "test_more.py::test_skipped": "skipped"}, rep.output
         ep.write_file("conftest.py", "import pytest\n\n@pytest.fixture\ndef answer():\n    return 42\n")
-        ep.write_file("pytest.ini", "[pytest]\npython_functions = check_* test_*\n")
+        for name in ("pytest.ini", "pytest.toml", ".pytest.toml", "setup.cfg", "tox.ini"):
+            ep.write_file(name, "[pytest]\npython_functions = check_* test_*\naddopts = --no-such-option\n")
         rep = ep.run_tests()
         assert more(rep) == {"test_more.py::test_builtin_fixtures": "passed",
-                             "test_more.py::check_renamed": "passed",
                              "test_more.py::test_conftest_fixture": "passed",
                              "test_more.py::test_nested_session": "passed",
                              "test_more.py::test_skipped": "skipped"}, rep.output
-        ep.write_file("pytest.ini", "[pytest]\naddopts = --no-such-option\n")
-        rep = ep.run_tests(["test_solution.py::test_zero"])
-        assert rep.exit_code == 4 and "no-such-option" in rep.output
-        ep.delete_file("pytest.ini")
+        assert rep.exit_code == 1 and "no-such-option" not in rep.output
+        for name in ("pytest.ini", "pytest.toml", ".pytest.toml", "setup.cfg", "tox.ini"):
+            ep.delete_file(name)
         ep.write_file("test_exit.py", "import os\n\ndef test_exit():\n    os._exit(3)\n")
         rep = ep.run_tests(["test_exit.py::test_exit"])
         # the agent's own code killed the run: its failure (scored), not the harness's
@@ -153,6 +153,29 @@ def test_worker_runs_see_ini_and_conftest_edits_and_keep_builtin_plugins(rt):
             rep = ep.run_tests(list(bundle().fail_to_pass + bundle().pass_to_pass))
             assert rep.outcomes == {"test_solution.py::test_add": "failed",
                                     "test_solution.py::test_zero": "passed"}
+
+
+def test_the_tasks_own_ini_is_the_one_read(rt):
+    """A task's pytest configuration (here in setup.cfg, as pinned) is honoured; an agent's edit of
+    it is not (the run reads the pinned copy, `sandboxes.pytest_config`)."""
+    cfg = "[tool:pytest]\npython_functions = check_* test_*\n"
+    files = dict(FILES, **{"setup.cfg": cfg, "test_more.py": "def check_renamed():\n    assert True\n"})
+    with rt.episode(bundle(files=files)) as ep:
+        assert ep.run_tests(["test_more.py"]).outcomes["test_more.py::check_renamed"] == "passed"
+        ep.write_file("setup.cfg", "[tool:pytest]\naddopts = --no-such-option\n")
+        rep = ep.run_tests(["test_more.py"])
+        assert rep.outcomes["test_more.py::check_renamed"] == "passed", rep.output
+
+
+def test_the_tasks_pythonpath_resolves_against_its_own_folder(rt):
+    """pytest resolves `pythonpath` against the folder of the file it reads; the file it reads is
+    a copy outside the repository, so the entries are passed resolved against the task's folder."""
+    files = {"pyproject.toml": '[tool.pytest.ini_options]\npythonpath = ["src"]\n',
+             "src/pkg_under_test.py": "VALUE = 3\n",
+             "tests/test_pkg.py": "from pkg_under_test import VALUE\n\n\ndef test_value():\n    assert VALUE == 3\n"}
+    with rt.episode(bundle(files=files)) as ep:
+        rep = ep.run_tests(["tests/test_pkg.py::test_value"])
+        assert rep.outcomes == {"tests/test_pkg.py::test_value": "passed"}, rep.output
 
 
 def test_worker_crash_is_infra_and_recovers(rt):
