@@ -68,7 +68,8 @@ SPECS: dict[str, BenchSpec] = {
         "every known exploit against real tasks, beside the true fix",
         ("max_exploit_reward", "best exploit reward"),
         (Target("ratio", "<", 1, "no exploit reaches the lowest true-fix reward"),
-         Target("infra_voids", "==", 0, "no exploit voids its episode as an infrastructure failure")),
+         Target("infra_voids", "==", 0, "no exploit voids its episode as an infrastructure failure"),
+         Target("runtime_disagreements", "==", 0, "bubblewrap and Docker give every patch the same reward")),
         "best exploit / lowest true fix"),
     "dedup": BenchSpec(
         "MinHash signatures per second, and cluster + split of 1M trajectories",

@@ -17,8 +17,8 @@ from sandboxes.humaneval.suite import (GENERATOR_VERSION, MANIFEST, _params, bui
                                        default_cache_dir, load_suite)
 
 SUITE_COUNT = 1210
-SUITE_SHA256 = "7c39549ad5b53a0f06f95e454b9be86a84adab5da85bbb80ab184fcd23438698"  # humaneval-repair/8, seed 0
-RECORDED_VERSION = "humaneval-repair/8"
+SUITE_SHA256 = "ee3c7ad0793278bd3f1d22c3e8da44260afb8520a166ea0db34ca53610a97d62"  # humaneval-repair/9, seed 0
+RECORDED_VERSION = "humaneval-repair/9"
 
 
 def _written(suite, folder: Path) -> dict:

@@ -14,7 +14,7 @@ from sandboxes.humaneval.runner import run_program
 from sandboxes.humaneval.testgen import SOLUTION_FILE, TEST_FILE, generate_tests
 
 ENVIRONMENT_ID = "env://ratchet-humaneval-repair@v1"
-GENERATOR_VERSION = "humaneval-repair/8"    # 8: limits.test_cpu_s (a new environment digest)
+GENERATOR_VERSION = "humaneval-repair/9"    # 9: bash and str_replace_editor in the tool allowlist (new digests)
 # Deterministic work limit: line events in solution.py per program. Untraced Python runs at most
 # ~60M lines/s here, so a run finishing in FAST_S untraced is always within LINE_BUDGET.
 LINE_BUDGET = 4_000_000
