@@ -18,10 +18,8 @@ pinned:
 """
 from __future__ import annotations
 
-import ast
 import io
 import json
-import re
 import tokenize
 from functools import lru_cache
 
@@ -47,34 +45,32 @@ def _git_show(repo: str, commit: str, path: str) -> str | None:
 def first_change(diff: str) -> dict | None:
     """{"file", "line", "old": [lines], "new": [lines]} of the first run of changed lines in the
     first Python file the diff touches (line: in the old file; for a pure insertion, the line it
-    follows)."""
-    path, old_line, cur = None, 0, None
-    for raw in diff.splitlines():
-        if raw.startswith("+++ "):
-            p = raw[4:].strip()
-            path = None if p == "/dev/null" else p[2:] if p.startswith("b/") else p
-            cur = None
-            continue
-        if raw.startswith("--- "):
-            continue
-        if raw.startswith("@@"):
-            m = re.match(r"@@ -(\d+)", raw)
-            old_line = int(m.group(1)) if m else 0
-            continue
+    follows). Parsed with unidiff (`sandboxes.verifiers.diffs.parse`); a malformed diff: None."""
+    from sandboxes.verifiers.diffs import DiffError, _strip, parse
+
+    try:
+        files = parse(diff)
+    except DiffError:
+        return None
+    for pf in files:
+        path = _strip(pf.target_file) or _strip(pf.source_file)
         if not path or not path.endswith(".py"):
             continue
-        sign, text = raw[:1], raw[1:]
-        if sign in "-+":
-            if cur is None:
-                cur = {"file": path, "line": old_line if sign == "-" else max(old_line - 1, 1), "old": [], "new": []}
-            cur["old" if sign == "-" else "new"].append(text)
-            if sign == "-":
-                old_line += 1
-        else:
+        for hunk in pf:
+            cur, before = None, hunk.source_start - 1
+            for ln in hunk:
+                if ln.is_removed or ln.is_added:
+                    if cur is None:
+                        line = ln.source_line_no if ln.is_removed else max(before, 1)
+                        cur = {"file": path, "line": line, "old": [], "new": []}
+                    cur["old" if ln.is_removed else "new"].append(ln.value.rstrip("\n"))
+                elif cur is not None:
+                    return cur
+                elif ln.source_line_no is not None:
+                    before = ln.source_line_no
             if cur is not None:
                 return cur
-            old_line += 1
-    return cur
+    return None
 
 
 def _tokens(line: str) -> list[tuple[str, int, int]]:
@@ -118,21 +114,9 @@ def token_span(old: str, new: str) -> tuple[int, int, str, str] | None:
     return col, end, old[col:end], original
 
 
-def _enclosing_function(source: str, line: int) -> str | None:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    best = None
-    for n in ast.walk(tree):
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.lineno <= line <= (n.end_lineno or n.lineno):
-            if best is None or n.lineno >= best.lineno:
-                best = n
-    return best.name if best else None
-
-
 def derive(bundle) -> dict:
     """Root-cause fields derived from the task's reference patch ({} when there is none)."""
+    from sandboxes.agents.base import enclosing_function
     from sandboxes.verifiers.hygiene import reference_diff
     fix = reference_diff(bundle)
     ch = first_change(fix) if fix else None
@@ -142,7 +126,7 @@ def derive(bundle) -> dict:
     out = {"file": ch["file"], "line": ch["line"]}
     lines = src.splitlines() if src else []
     if src:
-        fn = _enclosing_function(src, ch["line"])
+        fn = enclosing_function(src, ch["line"])
         if fn:
             out["function"] = fn
     if ch["old"] and 1 <= ch["line"] <= len(lines):

@@ -146,21 +146,13 @@ def reference_program(bundle) -> str | None:
 def contamination_report(scorer, programs: Sequence[str], control: Sequence[str] = CONTROL_PROGRAMS, *,
                          k: float = MIN_K, seed: int = 0) -> dict:
     """The held-out set's name gap against the control's (module doc), with a bootstrap CI."""
-    import random
+    from ratchet.evaluation.stats import bootstrap_diff_ci
 
     held, ctl = name_gaps(scorer, programs, k), name_gaps(scorer, control, k)
     if not held or not ctl:
         raise ValueError("need at least one held-out and one control program")
-    rng, draws = random.Random(seed), []
-    for _ in range(2000):
-        h = [rng.choice(held) for _ in held]
-        c = [rng.choice(ctl) for _ in ctl]
-        draws.append(sum(h) / len(h) - sum(c) / len(c))
-    draws.sort()
-    mean = lambda xs: sum(xs) / len(xs)        # noqa: E731
-    excess = mean(held) - mean(ctl)
-    lo, hi = draws[int(0.025 * len(draws))], draws[int(0.975 * len(draws)) - 1]
+    ci = bootstrap_diff_ci(held, ctl, seed=seed)
     return {"min_k": k, "programs": len(held), "control_programs": len(ctl),
-            "held_out_gap": round(mean(held), 4), "control_gap": round(mean(ctl), 4),
-            "excess_gap": round(excess, 4), "excess_gap_ci": [round(lo, 4), round(hi, 4)],
-            "likely_seen": lo > 0}
+            "held_out_gap": round(sum(held) / len(held), 4), "control_gap": round(sum(ctl) / len(ctl), 4),
+            "excess_gap": round(ci.estimate, 4), "excess_gap_ci": [round(ci.lo, 4), round(ci.hi, 4)],
+            "likely_seen": ci.lo > 0}

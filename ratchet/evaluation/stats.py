@@ -54,6 +54,21 @@ def bootstrap_ci(values: Sequence[float], *, n_boot: int = N_BOOT, seed: int = 0
     return Interval(float(x.mean()), lo, hi, int(x.size))
 
 
+def bootstrap_diff_ci(a: Sequence[float], b: Sequence[float], *, n_boot: int = N_BOOT, seed: int = 0,
+                      alpha: float = ALPHA) -> Interval:
+    """mean(a) - mean(b) of two independent samples, with a percentile bootstrap CI (each sample
+    resampled on its own; `n` is len(a)). For paired values use `paired_difference`."""
+    x = np.asarray([float(v) for v in a], dtype=float)
+    y = np.asarray([float(v) for v in b], dtype=float)
+    if x.size == 0 or y.size == 0:
+        return Interval(None, None, None, 0)
+    rng = np.random.default_rng(seed)
+    diffs = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1) - \
+        y[rng.integers(0, y.size, size=(n_boot, y.size))].mean(axis=1)
+    lo, hi = _percentiles(diffs, alpha)
+    return Interval(float(x.mean() - y.mean()), lo, hi, int(x.size))
+
+
 def majority_pass(votes: Iterable[bool | None]) -> bool | None:
     """Strict majority of the scored seeds (None = infra failure, no vote). 1 of 2 is a fail."""
     scored = [bool(v) for v in votes if v is not None]

@@ -108,22 +108,15 @@ class LMScorer:
         return scores
 
     def _threads(self):
+        """As the engine does (TransformersPolicy.generate): the thread count, when one is set,
+        applies from the call on."""
         import contextlib
 
         import torch
 
-        if not self.threads:
-            return contextlib.nullcontext()
-
-        @contextlib.contextmanager
-        def pinned():
-            was = torch.get_num_threads()
+        if self.threads:
             torch.set_num_threads(self.threads)
-            try:
-                yield
-            finally:
-                torch.set_num_threads(was)
-        return pinned()
+        return contextlib.nullcontext()
 
 
 @functools.lru_cache(maxsize=2)

@@ -58,3 +58,13 @@ def test_min_k_takes_the_least_likely_tokens():
     assert min_k([-1.0, -5.0, -0.1, -0.2, -3.0], k=0.4) == pytest.approx(-4.0)
     with pytest.raises(ValueError):
         min_k([])
+
+
+def test_the_two_sample_interval_covers_a_known_difference_and_excludes_none():
+    from ratchet.evaluation.stats import bootstrap_diff_ci
+
+    ci = bootstrap_diff_ci([1.0, 1.2, 0.8, 1.1, 0.9] * 4, [0.0, 0.1, -0.1, 0.05, -0.05] * 4)
+    assert ci.estimate == pytest.approx(1.0) and 0.8 < ci.lo < 1.0 < ci.hi < 1.2 and ci.n == 20
+    same = bootstrap_diff_ci([0.0, 1.0] * 10, [1.0, 0.0] * 10)
+    assert same.lo < 0 < same.hi
+    assert bootstrap_diff_ci([], [1.0]).estimate is None

@@ -370,3 +370,15 @@ def test_imported_tasks_get_their_root_cause_from_the_reference_patch(runtime, q
     bare = replace(b, metadata={})
     j = RubricJudge().judge(bare, "bitcount line 5: `n ^= n - 1` should be `n &= n - 1`", "")
     assert "cannot be earned" in j.rationale and j.criteria["root_cause_source"] == "none"
+
+
+def test_first_change_reads_the_first_python_hunk_of_a_patch():
+    from sandboxes.rootcause import first_change
+
+    patch = ("--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-old\n+new\n"
+             "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -3,4 +3,5 @@\n a\n b\n-    return x\n+    return -x\n+    # done\n d\n")
+    assert first_change(patch) == {"file": "pkg/mod.py", "line": 5, "old": ["    return x"],
+                                   "new": ["    return -x", "    # done"]}
+    insert = "--- a/m.py\n+++ b/m.py\n@@ -3,3 +3,4 @@\n a\n b\n+c = 1\n d\n"
+    assert first_change(insert) == {"file": "m.py", "line": 4, "old": [], "new": ["c = 1"]}
+    assert first_change("not a diff") is None and first_change("--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-a\n+b\n") is None
