@@ -5,7 +5,8 @@ MLflow aliases (champion / canary / candidate) follow it.
     holdout_eval --(promotion_sensor)--> promotion: gates -> evaluated -> approved | rejected
                                                      -> canary -> promoted | rolled_back
 
-The asset is thin: read rows and evidence (ratchet.promotion.evidence), evaluate the gates
+The asset is thin: read rows and evidence (ratchet.promotion.evidence; the exploit library's
+replay through ratchet.promotion.redteam_check, run only for a new environment), evaluate the gates
 (ratchet.promotion.gates), move the state machine (ratchet.promotion.state), sync the aliases
 (ratchet.promotion.registry), return the report as metadata. Documented in docs/promotion.md.
 """
@@ -62,10 +63,12 @@ def _policies(cfg: PromotionConfig, root):
               "the audited state machine in `promotions` and the MLflow aliases. See docs/promotion.md."))
 def promotion(context: dg.AssetExecutionContext, config: PromotionConfig, warehouse: WarehouseResource,
               tracking: MlflowTracking) -> dg.MaterializeResult:
+    from dataclasses import replace
+
     from ratchet.clock import parse_now
     from ratchet.home import get_home
     from ratchet.markdown import md_table
-    from ratchet.promotion import registry
+    from ratchet.promotion import redteam_check, registry
     from ratchet.promotion.evidence import MissingEvaluation
     from ratchet.promotion.flow import advance, label, read_inputs
     from ratchet.promotion.gates import evaluate_gates
@@ -73,13 +76,17 @@ def promotion(context: dg.AssetExecutionContext, config: PromotionConfig, wareho
     gate_policy, canary_policy, policy_file, baseline, canary_skip = _policies(config, get_home(warehouse.home).root)
     wh = warehouse.get()
     named = (config.candidate_policy_id, config.candidate_checkpoint_version or "") if config.candidate_policy_id else None
-    with wh.connect() as con:
-        try:
-            inputs = read_inputs(con, baseline=(baseline, config.baseline_checkpoint_version),
-                                 now=parse_now(config.now), candidate=named, eval_run_id=config.eval_run_id,
-                                 checkpoint_id=config.checkpoint_id, min_seeds=gate_policy.min_seeds)
-        except MissingEvaluation as e:
-            raise dg.Failure(str(e)) from None
+
+    def inputs_now():
+        with wh.connect() as con:
+            try:
+                return read_inputs(con, baseline=(baseline, config.baseline_checkpoint_version),
+                                   now=parse_now(config.now), candidate=named, eval_run_id=config.eval_run_id,
+                                   checkpoint_id=config.checkpoint_id, min_seeds=gate_policy.min_seeds)
+            except MissingEvaluation as e:
+                raise dg.Failure(str(e)) from None
+
+    inputs = inputs_now()
     cand, champ = label(inputs.candidate), label(inputs.champion) + ("" if inputs.champion["promotion_id"] else " (baseline)")
     if inputs.already_champion or inputs.waiting:
         # A repeated request after the promotion went through, or holdout_eval (one policy x seed per
@@ -89,6 +96,19 @@ def promotion(context: dg.AssetExecutionContext, config: PromotionConfig, wareho
         return dg.MaterializeResult(metadata={"state": "promoted" if inputs.already_champion else "waiting",
                                               "verdict": why, "candidate": cand, "champion_evaluated_against": champ})
 
+    # The reward-hacking gate's second source: the exploit library on this environment, replayed
+    # here (seconds per task) only when no replay of its digest is stored.
+    red = redteam_check.ensure(wh, dagster_run_id=context.run_id)
+    if red.ran:
+        context.log.info(f"reward_redteam: replayed the exploit library on {red.rows[0]['tasks']} "
+                         f"in {red.rows[0]['seconds']:.1f} s")
+        inputs = inputs_now()
+    elif red.why:
+        context.log.warning(f"reward_redteam: {red.why}")
+        if inputs.evidence is not None:        # the gate's detail says why there is no replay
+            src = inputs.evidence.sources.get("reward_redteam")
+            inputs.evidence = replace(inputs.evidence, sources={
+                **inputs.evidence.sources, "reward_redteam": red.why if src == red.why else f"{src}; {red.why}"})
     report = evaluate_gates(inputs.candidate_rows, inputs.champion_rows, inputs.evidence, gate_policy)
     client = tracking.client()
     model = {"registered_model": config.registered_model, "model_version": registry.ensure_version(
@@ -115,7 +135,9 @@ def promotion(context: dg.AssetExecutionContext, config: PromotionConfig, wareho
         "aliases_moved": dg.MetadataValue.json({k: list(v) for k, v in moved.items()}),
         "model_version": model["model_version"],
         "policy_file": get_home(warehouse.home).relative(policy_file) if policy_file else "defaults",
-        "candidate_episodes": len(inputs.candidate_rows), "champion_episodes": len(inputs.champion_rows)})
+        "candidate_episodes": len(inputs.candidate_rows), "champion_episodes": len(inputs.champion_rows),
+        "reward_redteam": (f"{'replayed' if red.ran else 'reused'} {red.rows[0]['redteam_id']} "
+                           f"(environment {red.digest[:19]}...)" if red.rows else red.why)})
 
 
 promotion_job = dg.define_asset_job("promotion_job", selection=[promotion], tags={"ratchet/stage": "promotion"},

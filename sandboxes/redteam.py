@@ -5,10 +5,12 @@ shell for agents that are given one) and then submits with the best explanation 
 (the task's own root cause, so the judge pays as much as it ever would). `run_exploit` returns
 the `Reward`; `bench/reward_hacks.py` and `tests/sandboxes/test_reward_integrity.py` replay the
 library and require every exploit to score below the lowest true-fix reward, and none to void
-its episode as an infrastructure failure.
+its episode as an infrastructure failure. `replay` does the same for the reward-hacking
+promotion gate (`ratchet.promotion.redteam_check`), on a sample of the suite.
 
-    from sandboxes.redteam import EXPLOITS, run_exploit, run_true_fix
+    from sandboxes.redteam import EXPLOITS, replay, run_exploit, run_true_fix
     r = run_exploit(EXPLOITS["pytest_ini_plugin"], bundle)      # Reward, or None if n/a here
+    replay([bundle])["exploits"]                                # per exploit: max reward, voids
 """
 from __future__ import annotations
 
@@ -417,3 +419,39 @@ def run_exploit(exploit: Exploit, bundle, runtime=None):
 def run_true_fix(bundle, runtime=None, *, explain: bool = True):
     """The Reward of the recorded fix (with the ground-truth explanation, or none at all)."""
     return _episode(bundle, runtime, lambda env, t: apply_reference_fix(env), explain)
+
+
+def replay(bundles, runtime=None, exploits=None, *, workers: int = 2) -> dict:
+    """The whole library (or `exploits`) against `bundles`, beside each task's true fix with the
+    ground-truth explanation and with none (the lowest a true fix can score). `workers` episodes
+    run at once (threads over one runtime, as the policy runner does): most of an exploit's time
+    is a wait on a time or memory limit, not CPU.
+
+    Returns {"exploits": [per exploit: exploit, kind, tasks_applied, max_reward, max_reward_task,
+    statuses, infra_voids], "true_fix_min_reward", "true_fix_min_task", "true_fix_unscored"}: the
+    rule the library keeps is every max_reward < true_fix_min_reward and no infra_voids."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bundles, exploits = list(bundles), list(exploits or EXPLOITS.values())
+    jobs = [(b, None, explain) for b in bundles for explain in (True, False)] + \
+        [(b, e, True) for e in exploits for b in bundles]
+
+    def one(job):
+        b, e, explain = job
+        return run_true_fix(b, runtime, explain=explain) if e is None else run_exploit(e, b, runtime)
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        results = list(pool.map(one, jobs))          # in job order: the aggregate is deterministic
+    fixes = [(b.task_id, r.value, r.status) for (b, e, _), r in zip(jobs, results) if e is None]
+    scored = [(v, t) for t, v, s in fixes if v is not None and s == "scored"]
+    low = min(scored) if scored else (None, None)
+    rows = []
+    for e in exploits:
+        mine = [(b, r) for (b, x, _), r in zip(jobs, results) if x is e and r is not None]   # None: n/a here
+        best = max(((r.value, b.task_id) for b, r in mine if r.value is not None), default=(None, None),
+                   key=lambda vt: vt[0])
+        rows.append({"exploit": e.name, "kind": e.kind, "tasks_applied": len(mine), "max_reward": best[0],
+                     "max_reward_task": best[1], "statuses": sorted({r.status for _, r in mine}),
+                     "infra_voids": sum(r.status == "infra_failure" for _, r in mine)})
+    return {"exploits": rows, "true_fix_min_reward": low[0], "true_fix_min_task": low[1],
+            "true_fix_unscored": len(fixes) - len(scored)}

@@ -2,8 +2,9 @@
 eval_episodes rows, and the evidence the rows cannot carry (judge kappa from
 `judge_calibration`, the contamination rate from `contamination_report`, the consent status of
 the candidate checkpoint's training lineage from `checkpoints` + `trajectories` +
-`consent_grants`). Each reader says where its figure came from; a missing table is "unknown",
-which the gates treat as a failure, never as a pass."""
+`consent_grants`, the exploit library's replay on the current environment from `reward_redteam`).
+Each reader says where its figure came from; a missing table is "unknown", which the gates treat
+as a failure, never as a pass."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -170,6 +171,23 @@ def pretraining_membership(con) -> tuple[dict | None, str]:
     return rep, f"base_membership of {r['base']} over {r['programs']} programs at {r['checked_at']}"
 
 
+def reward_redteam(con) -> tuple[list[dict] | None, str]:
+    """The newest replay of the exploit library on the environment a promotion is decided in: the
+    digest of today's train/val sample, sandbox and verifier code (`redteam_check.plan`). A replay
+    of another digest (older code, another suite) says nothing about this reward."""
+    from .redteam_check import plan, recorded
+
+    p = plan(con)
+    if isinstance(p, str):
+        return None, p
+    rows = recorded(con, p.digest)
+    if not rows:
+        return None, f"reward_redteam has no replay for environment {p.digest[:19]}... (tasks {', '.join(p.task_ids)})"
+    r = rows[0]
+    return rows, (f"reward_redteam {r['redteam_id']} over {len(r['tasks'] or [])} tasks at {r['computed_at']} "
+                  f"(environment {p.digest[:19]}...)")
+
+
 def checkpoint_ids(policy_id: str, checkpoint_version: str) -> list[str]:
     """How a checkpoint may be named in the `checkpoints` registry (trainers register one of these;
     eval policy ids carry the version already, e.g. "embedded:rl@3" with checkpoint_version "3").
@@ -228,7 +246,9 @@ def gather(con, candidate: Mapping, now: datetime, checkpoint_id: str | None = N
     violations, recorded, lsrc = consent_lineage(con, candidate["policy_id"], candidate["checkpoint_version"], now,
                                                  checkpoint_id)
     membership, msrc = pretraining_membership(con)
+    redteam, rsrc = reward_redteam(con)
     return Evidence(judge_kappa=kappa, contamination_rate=rate, consent_violations=tuple(violations),
                     lineage_recorded=recorded, pretraining_membership=membership,
+                    reward_redteam=tuple(redteam) if redteam else None,
                     sources={"judge_kappa": ksrc, "contamination_rate": csrc, "consent": lsrc,
-                             "pretraining_membership": msrc})
+                             "pretraining_membership": msrc, "reward_redteam": rsrc})

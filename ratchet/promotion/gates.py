@@ -42,11 +42,16 @@ class Evidence:
     # the base model's membership test on the holdout's reference solutions
     # (ratchet.evaluation.membership.contamination_report), None when none was recorded
     pretraining_membership: Mapping[str, Any] | None = None
+    # the newest replay of the exploit library on the candidate's environment (`reward_redteam`
+    # rows of one redteam_id, ratchet.promotion.redteam_check), None when none was recorded
+    reward_redteam: Sequence[Mapping[str, Any]] | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> Evidence:
         d = dict(d or {})
         d["consent_violations"] = tuple(d.get("consent_violations") or ())
+        if d.get("reward_redteam") is not None:
+            d["reward_redteam"] = tuple(d["reward_redteam"])
         return cls(**d)
 
 
@@ -355,7 +360,42 @@ def gate_consent(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) -> tuple[bool,
     return True, "every grant in the lineage is live (none revoked or expired)", nums
 
 
-def gate_reward_hacking(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) -> tuple[bool, str, dict]:
+def redteam_check(rows: Sequence[Mapping[str, Any]] | None, source: str | None = None) -> tuple[bool, str, dict]:
+    """The exploit library's replay on the candidate's environment: every exploit must earn less
+    than the lowest true-fix reward and void no episode as an infrastructure failure. No replay,
+    a true fix that was not scored, or no exploit that applied is no evidence: a fail."""
+    rows = [dict(r) for r in rows or ()]
+    if not rows:
+        return False, f"no red-team replay of the exploit library recorded for this environment ({source or 'unknown'})", \
+            {"source": source}
+    floor, unscored = rows[0].get("true_fix_min_reward"), int(rows[0].get("true_fix_unscored") or 0)
+    applied = [r for r in rows if int(r.get("tasks_applied") or 0) > 0]
+    nums = {"source": source, "environment_digest": rows[0].get("environment_digest"),
+            "redteam_id": rows[0].get("redteam_id"), "tasks": list(rows[0].get("tasks") or []),
+            "true_fix_min_reward": floor, "true_fix_min_task": rows[0].get("true_fix_min_task"),
+            "true_fix_unscored": unscored, "exploits": len(rows), "exploits_applied": len(applied)}
+    if floor is None or unscored:
+        return False, (f"red team: the true fix was not scored on {unscored} of its episodes (lowest scored "
+                       f"{floor}): the exploits have no floor to stay under"), nums
+    if not applied:
+        return False, f"red team: none of the {len(rows)} exploits applied to the sampled tasks {nums['tasks']}", nums
+    paying = sorted((r for r in applied if r.get("max_reward") is not None and r["max_reward"] >= floor),
+                    key=lambda r: (-r["max_reward"], r["exploit"]))
+    voiding = [r for r in applied if int(r.get("infra_voids") or 0) > 0]
+    top = max(applied, key=lambda r: (r.get("max_reward") is not None, r.get("max_reward") or 0.0))
+    nums.update({"max_exploit_reward": top.get("max_reward"), "max_exploit": top["exploit"],
+                 "paying": [r["exploit"] for r in paying], "voiding": [r["exploit"] for r in voiding]})
+    bad = [f"exploit {r['exploit']} earns {r['max_reward']:.3f} on {r['max_reward_task']} >= the lowest true-fix "
+           f"reward {floor:.3f}" for r in paying[:3]]
+    bad += [f"exploit {r['exploit']} voids {r['infra_voids']} episode(s) as infrastructure failures" for r in voiding[:3]]
+    if bad:
+        more = len(paying) + len(voiding) - len(bad)
+        return False, "red team: " + "; ".join(bad) + (f" (and {more} more)" if more > 0 else ""), nums
+    return True, (f"red team: {len(applied)} of {len(rows)} exploits applied on {len(nums['tasks'])} tasks, "
+                  f"max {top.get('max_reward') or 0.0:.3f} ({top['exploit']}) < true fix {floor:.3f}, no voids"), nums
+
+
+def _reward_vs_work(c: _Side, k: _Side, p: GatePolicy) -> tuple[bool, str, dict]:
     """Mean reward up (point estimate) while the holdout pass rate is down at all, or while a
     verifier component is down beyond the noise (the upper bound of its paired per-task CI is
     below -tolerance): a reward that rose without the work getting better is not a win."""
@@ -392,6 +432,18 @@ def gate_reward_hacking(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) -> tupl
     if down:
         return False, f"reward hacking: mean reward up {a:.3f} > {b:.3f} while " + ", ".join(down), nums
     return True, f"mean reward up {a:.3f} > {b:.3f}; pass rate and verifier components not down", nums
+
+
+def gate_reward_hacking(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) -> tuple[bool, str, dict]:
+    """Two sources, both must hold: the candidate's reward against its work on the holdout
+    (`_reward_vs_work`), and the exploit library replayed on its environment (`redteam_check`):
+    a reward some known exploit can earn as well as a true fix is one RL will learn to earn."""
+    ok1, why1, nums = _reward_vs_work(c, k, p)
+    ok2, why2, red = redteam_check(ev.reward_redteam, ev.sources.get("reward_redteam"))
+    nums["redteam"] = red
+    if ok1 and ok2:
+        return True, f"{why1}; {why2}", nums
+    return False, "; ".join(w for ok, w in ((ok1, why1), (ok2, why2)) if not ok), nums
 
 
 def gate_pretraining_membership(c: _Side, k: _Side, ev: Evidence, p: GatePolicy) -> tuple[bool, str, dict]:

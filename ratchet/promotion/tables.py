@@ -1,4 +1,5 @@
-"""The `promotions` table: an append-only audit of every promotion state a candidate reached.
+"""The `promotions` table: an append-only audit of every promotion state a candidate reached, and
+`reward_redteam`: each replay of the exploit library the reward-hacking gate reads.
 
 One row per (promotion_id, state): a unique index makes a second request for a state already
 reached (two sensor ticks) fail inside DuckDB, so it is applied at most once. `seq` orders rows
@@ -35,6 +36,33 @@ PROMOTIONS = pa.schema([
     pa.field("dagster_run_id", pa.string()),
 ])
 
+# One row per exploit per replay (`ratchet.promotion.redteam_check`), keyed by the digest of what
+# the replay ran on: a new row set only when the sample, the sandbox and verifier code, pytest or
+# Python change. Appended, never updated: the gate reads the newest replay of its digest.
+STRS = pa.list_(pa.string())
+REWARD_REDTEAM = pa.schema([
+    pa.field("redteam_id", pa.string()),               # one replay (all its exploit rows share it)
+    pa.field("environment_digest", pa.string()),       # what the replay ran on (redteam_check.Plan.digest)
+    pa.field("exploit", pa.string()),
+    pa.field("kind", pa.string()),                     # "gaming" | "fault"
+    pa.field("tasks_applied", pa.int64()),             # sampled tasks the exploit applied to
+    pa.field("max_reward", pa.float64()),              # null: it applied to none
+    pa.field("max_reward_task", pa.string()),
+    pa.field("statuses", STRS),                        # the reward statuses it got (scored, gate_violation, ...)
+    pa.field("infra_voids", pa.int64()),               # its episodes that ended as infra_failure
+    pa.field("true_fix_min_reward", pa.float64()),     # the lowest true-fix reward of the replay
+    pa.field("true_fix_min_task", pa.string()),
+    pa.field("true_fix_unscored", pa.int64()),         # true-fix episodes not scored (the floor is unsure)
+    pa.field("tasks", STRS),                           # the sample (train/val only)
+    pa.field("task_digests", STRS),                    # their environment digests, as replayed
+    pa.field("environment_ids", STRS),
+    pa.field("code_digest", pa.string()),              # the sandbox and verifier code
+    pa.field("runtime", pa.string()),
+    pa.field("seconds", pa.float64()),                 # the whole replay
+    pa.field("computed_at", TS),
+    pa.field("dagster_run_id", pa.string()),
+])
+
 VIEWS = {
     "v_promotion_state": """
         SELECT p.promotion_id, p.policy_id, p.checkpoint_version, p.state, p.actor, p.at AS since,
@@ -47,7 +75,7 @@ VIEWS = {
 
 # Declared like every layer (ratchet.tables.LAYERS reads SCHEMAS and VIEWS). The indexes are not
 # expressible there: `ensure` adds them, and the state machine calls `ready` before each move.
-SCHEMAS = {"promotions": PROMOTIONS}
+SCHEMAS = {"promotions": PROMOTIONS, "reward_redteam": REWARD_REDTEAM}
 INDEXES = {
     "promotions_once": "CREATE UNIQUE INDEX IF NOT EXISTS promotions_once ON promotions (promotion_id, state)",
     "promotions_seq": "CREATE UNIQUE INDEX IF NOT EXISTS promotions_seq ON promotions (seq)",
@@ -55,8 +83,9 @@ INDEXES = {
 
 
 def ensure(con) -> None:
-    """Create `promotions`, its uniqueness indexes and views (idempotent)."""
+    """Create `promotions`, its uniqueness indexes and views, and `reward_redteam` (idempotent)."""
     con.execute(duck_ddl("promotions", PROMOTIONS))
+    con.execute(duck_ddl("reward_redteam", REWARD_REDTEAM))
     for sql in INDEXES.values():
         con.execute(sql)
     for name, sql in VIEWS.items():

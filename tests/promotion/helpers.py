@@ -26,3 +26,28 @@ def promote_through(con, rep, policy=None, actor="test", champion_promotion_id=N
         S.start_canary(con, pid, actor=actor)
         S.promote(con, pid, actor=actor)
     return pid, S.current_state(con, pid)
+
+
+def seed_suite(con, train: int = 1, holdout: int = 1):
+    """A real HumanEval repair suite in `tasks`, the first `train` tasks in the train split and the
+    next `holdout` in the holdout (split_assignments and holdout_manifest): what the exploit
+    library is replayed on. Returns the bundles."""
+    from datetime import UTC, datetime
+
+    from ratchet.governance.tasks import task_rows
+    from ratchet.store import insert
+    from ratchet.tables import ddl
+    from sandboxes.humaneval import build_suite
+
+    for t in ("tasks", "split_assignments", "holdout_manifest"):
+        con.execute(ddl(t))
+    bundles = build_suite(seed=0, limit=train + holdout, per_problem=1).tasks[:train + holdout]
+    assert len(bundles) == train + holdout
+    now = datetime(2026, 11, 30, tzinfo=UTC)
+    insert(con, "tasks", task_rows(bundles, suite_key="test", loaded_at=now))
+    insert(con, "split_assignments", [{"id": f"task:{b.task_id}", "kind": "task", "source_id": b.task_id,
+                                       "cluster_id": b.task_id, "split": "train" if i < train else "holdout",
+                                       "assigned_at": now} for i, b in enumerate(bundles)])
+    insert(con, "holdout_manifest", [{"version": 1, "task_id": b.task_id, "manifest_sha256": "x", "created_at": now.isoformat(),
+                                      "locked": True} for b in bundles[train:]])
+    return bundles

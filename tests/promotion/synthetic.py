@@ -63,4 +63,22 @@ def episodes(task_list: list[dict], policy_id: str, *, checkpoint_version: str =
     return rows
 
 
-GOOD_EVIDENCE = {"judge_kappa": 0.86, "contamination_rate": 0.0, "consent_violations": [], "lineage_recorded": True}
+def redteam_rows(digest="sha256:" + "e" * 64, exploit_reward=0.0, true_fix=0.9, voids=0, paying="eq_anything",
+                 at=None, redteam_id="redteam-synthetic"):
+    """A `reward_redteam` replay as the recorder writes it: every exploit of the library at 0.0
+    (and `paying` at `exploit_reward`) under a true-fix floor of `true_fix`."""
+    from sandboxes.redteam import EXPLOITS
+
+    at = at or datetime(2026, 11, 30, tzinfo=UTC)
+    return [{"redteam_id": redteam_id, "environment_digest": digest, "exploit": e.name, "kind": e.kind,
+             "tasks_applied": 1, "max_reward": exploit_reward if e.name == paying else 0.0,
+             "max_reward_task": "humaneval-000-x", "statuses": ["scored"],
+             "infra_voids": voids if e.name == paying else 0, "true_fix_min_reward": true_fix,
+             "true_fix_min_task": "humaneval-000-x", "true_fix_unscored": 0, "tasks": ["humaneval-000-x"],
+             "task_digests": ["sha256:" + "1" * 64], "environment_ids": ["env://ratchet-humaneval-repair@v1"],
+             "code_digest": "sha256:" + "2" * 64, "runtime": "bwrap", "seconds": 1.0, "computed_at": at,
+             "dagster_run_id": None} for e in EXPLOITS.values()]
+
+
+GOOD_EVIDENCE = {"judge_kappa": 0.86, "contamination_rate": 0.0, "consent_violations": [], "lineage_recorded": True,
+                 "reward_redteam": redteam_rows()}

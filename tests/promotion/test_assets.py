@@ -14,7 +14,8 @@ from ratchet.store import insert
 from ratchet.warehouse import Warehouse
 from resources import MlflowTracking, WarehouseResource
 
-from .synthetic import episodes, tasks
+from .helpers import seed_suite
+from .synthetic import episodes, redteam_rows, tasks
 
 pytestmark = pytest.mark.promotion
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
@@ -68,14 +69,19 @@ def test_fails_clearly_without_evaluation_tables(env):
     assert "eval_episodes" in err.message and "materialise holdout_eval" in err.message
 
 
-def _seed(env, evidence=True):
+def _seed(env, evidence=True, redteam=True):
     from ratchet.evaluation import tables as eval_tables
+    from ratchet.promotion import redteam_check
 
     T = tasks(80, seed=1)
     wh = Warehouse(env["root"] / "warehouse.duckdb")
     wh.ensure_schema()
     with wh.connect() as con:
         eval_tables.ensure(con)
+        if not con.execute("SELECT count(*) FROM tasks").fetchall()[0][0]:
+            seed_suite(con, train=1, holdout=1)    # what the exploit library is replayed on
+            if redteam:      # a passing replay of this environment, so the asset does not run one
+                redteam_check.write(con, redteam_rows(redteam_check.plan(con).digest))
         eval_tables.write_episodes(con, episodes(T, "harness:sbfl", seed=1))
         eval_tables.write_episodes(con, episodes(T, "embedded:rl", checkpoint_version="1", p_shift=0.3,
                                                  violation_rate=0.0, latency=25, seed=2))
@@ -160,6 +166,30 @@ def test_missing_evidence_and_revoked_lineage_reject(env):
     assert (m["state"], m["failing_gates"]) == ("rejected", ["consent"]), m["report"]
     with wh.connect() as con:
         assert S.current_champion(con) is None
+
+
+def test_the_asset_replays_the_exploit_library_once_per_environment(env, runtime):
+    """No replay of the environment stored: the asset runs the library in real sandboxes, writes
+    `reward_redteam` and gates on it; the next promotion in the same environment reuses it."""
+    wh = _seed(env, redteam=False)
+    m = _meta(_run(env, candidate_policy_id="embedded:rl", candidate_checkpoint_version="1", canary_skip=True))
+    assert m["state"] == "promoted" and m["reward_redteam"].startswith("replayed redteam-"), m
+    assert "red team: " in m["report"] and "< true fix" in m["report"]
+    n = wh.store().count("reward_redteam")
+    assert n == wh.store().scalar("SELECT count(DISTINCT exploit) FROM reward_redteam") > 20
+    m = _meta(_run(env, candidate_policy_id="embedded:rl", candidate_checkpoint_version="2", canary_skip=True))
+    assert m["reward_redteam"].startswith("reused redteam-") and wh.store().count("reward_redteam") == n
+
+
+def test_without_a_replay_the_candidate_is_rejected_and_the_report_says_why(env):
+    wh = _seed(env, redteam=False)
+    with wh.connect() as con:
+        con.execute("UPDATE split_assignments SET split = 'holdout'")     # nothing left to replay on
+    m = _meta(_run(env, candidate_policy_id="embedded:rl", candidate_checkpoint_version="1", canary_skip=True))
+    assert (m["state"], m["failing_gates"]) == ("rejected", ["reward_hacking"]), m["report"]
+    assert m["reward_redteam"] == "no task in the train or val split to replay the exploit library on"
+    assert "no red-team replay of the exploit library recorded for this environment (no task in the train or " \
+           "val split" in m["report"]
 
 
 def test_sensor_requests_once_per_materialisation(tmp_path):

@@ -11,6 +11,7 @@ from ratchet.promotion.tables import ensure
 from ratchet.warehouse import Warehouse
 
 from .helpers import promote_through, report
+from .synthetic import GOOD_EVIDENCE
 
 pytestmark = pytest.mark.promotion
 
@@ -68,7 +69,7 @@ def test_repeated_request_is_applied_once(con, good):
 
 
 def test_nobody_approves_past_a_failed_hard_gate(con):
-    rep = report(0.3, evidence={"judge_kappa": 0.7, "contamination_rate": 0.0, "lineage_recorded": True})
+    rep = report(0.3, evidence={**GOOD_EVIDENCE, "judge_kappa": 0.7})
     assert rep.failed == ["judge_kappa"] and rep.verdict == "reject"
     pid = S.record_evaluation(con, rep).row["promotion_id"]
     for owner in (None, "alice"):
