@@ -27,13 +27,13 @@ from pathlib import Path
 
 from ratchet.policy.runner import TURN_BUDGET
 
-QUICK = {"problems": 12, "tasks": 16, "eval_tasks": 4}
+QUICK = {"problems": 12, "tasks": 16, "eval_tasks": 4, "foreign": 4}
 # The agents' logs are sized for the candidate's training data: at 360 tasks the largest tenant
 # has a few dozen consented, accepted train-split trajectories, enough of them from the structured
 # agent (the tools the policy is offered) to stay above RecipeSettings.min_structured; at 120
 # tasks it fell below, and the fallback to every row made the demo's SFT worse than no training.
-FULL = {"problems": None, "tasks": 360, "eval_tasks": 20}
-REFERENCE = {"problems": None, "tasks": 600, "eval_tasks": 400}
+FULL = {"problems": None, "tasks": 360, "eval_tasks": 20, "foreign": 24}
+REFERENCE = {"problems": None, "tasks": 600, "eval_tasks": 400, "foreign": 40}
 DEMO_POLICIES = ("harness:random", "harness:sbfl", "scripted:expert")
 # The demo candidate's training, sized for the 15-minute budget on 2 cores (bench/learning.py runs
 # the larger recipe). Quick: a smoke-sized model and a step or two.
@@ -58,7 +58,7 @@ def prepare_landing(home, size: dict) -> dict:
     """Agent logs from real sandbox runs + foreign-format samples. Idempotent per day: the same
     files are rewritten, so re-running the demo ingests nothing new."""
     from ratchet.samples import write_samples
-    from sandboxes.generate import generate
+    from sandboxes.generate import generate, generate_foreign
     from sandboxes.humaneval import build_suite
 
     t0 = time.perf_counter()
@@ -67,17 +67,23 @@ def prepare_landing(home, size: dict) -> dict:
          f"({'cached' if suite.cached else f'built in {suite.build_seconds:.0f} s'})")
     as_of = datetime.now(timezone.utc).date().isoformat()  # logs dated up to today: consent is judged now
     out = home.landing / "agent-logs"
-    marker = out / f".generated-{as_of}-{len(suite.tasks)}-{size['tasks']}.json"
+    marker = out / f".generated-{as_of}-{len(suite.tasks)}-{size['tasks']}-{size['foreign']}.json"
     if marker.exists():  # measured latencies differ per run: regenerating would log new content
         logs = json.loads(marker.read_text())
         _say(f"agent logs for {as_of} already in the landing folder ({logs.get('trajectories')} trajectories)")
     else:
         logs = generate(out, n_tasks=size["tasks"], seed=0, suite=suite, as_of=as_of,
                         registry=home.root / "consent_registry.yaml")
-        marker.write_text(json.dumps({k: logs.get(k) for k in ("lines", "trajectories")}))
-        _say(f"agents ran {size['tasks']} tasks in the sandbox in {time.perf_counter() - t0:.0f} s")
+        foreign = generate_foreign(home.landing / "foreign-logs", n_tasks=size["foreign"], seed=0, suite=suite,
+                                   as_of=as_of)
+        logs["foreign"] = foreign["by_format"]
+        marker.write_text(json.dumps({k: logs.get(k) for k in ("lines", "trajectories", "foreign")}))
+        _say(f"agents ran {size['tasks']} tasks in the sandbox in {time.perf_counter() - t0:.0f} s; the shell agent "
+             f"(bash + str_replace_editor) ran {sum(foreign['by_format'].values())} more for {foreign['tenant']}, "
+             f"logged as " + ", ".join(f"{n} {fmt}" for fmt, n in foreign["by_format"].items()) + " files")
     samples = write_samples(home.landing / "imports", n_synthetic=0)
-    return {"agent_log_lines": logs.get("lines"), "trajectories": logs.get("trajectories"), **samples}
+    return {"agent_log_lines": logs.get("lines"), "trajectories": logs.get("trajectories"),
+            "foreign_logs": logs.get("foreign"), **samples}
 
 
 def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: int | None = None,
@@ -258,6 +264,11 @@ def report(home, cycle: dict | None) -> None:
         _say(f"the candidate was trained for {cycle.get('tenant')}; training data per tenant (consented, accepted, "
              "train split; structured = the rows its SFT uses): " + ", ".join(
                  f"{r['tenant_id']} {r['n']} ({r['structured']} structured)" for r in cycle.get("training_data") or ()))
+        trained = sft_by_format(wh, cycle.get("tenant"))
+        if trained:
+            _say("its SFT, per source format (trained / offered; `ratchet query \"SELECT * FROM v_sft_coverage\"`): "
+                 + ", ".join(f"{r['source_format']} {r['trained']}/{r['trajectories']}" for r in trained)
+                 + f" (sft_data: {trained[0]['sft_data']})")
     print(economics_text(wh), file=sys.stderr)
     _say(f"scorecard stored at {home.root / 'scorecard.md'} (and in the scorecard asset's metadata and MLflow); "
          f"`ratchet scorecard` prints it again")
@@ -280,6 +291,17 @@ def report(home, cycle: dict | None) -> None:
     _say("open the MLflow UI:  ratchet mlflow   (checkpoints, learning curves, scorecards)")
     _say("query DuckDB:        ratchet query \"SELECT * FROM v_policy_scorecard\"   "
          "(also v_economics, v_slice_deltas, v_lineage, v_consent_exclusions)")
+
+
+def sft_by_format(wh, tenant: str | None) -> list[dict]:
+    """The tenant's newest SFT checkpoint's rows per source format (`v_sft_coverage`): how many of
+    the trajectories it was offered trained."""
+    if not tenant:
+        return []
+    return wh.store().read(
+        "SELECT source_format, sft_data, trajectories, trained FROM v_sft_coverage WHERE checkpoint_id = "
+        "(SELECT checkpoint_id FROM sft_coverage WHERE tenant_id = ? ORDER BY created_at DESC LIMIT 1) "
+        "AND tenant_id = ? ORDER BY source_format", [tenant, tenant])
 
 
 def column_legend(home, cycle: str) -> list[tuple[str, str]]:

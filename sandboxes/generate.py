@@ -333,6 +333,49 @@ def generate(out, n_tasks: int = 100, seed: int = 0, *, registry=None, as_of: st
     }
 
 
+# The foreign-format logs: the shell agent (bash + str_replace_editor) on a few tasks, written as
+# SWE-agent `.traj` and Harbor ATIF files the way those harnesses leave them, with a `_batch.yaml`
+# naming the tenant and its valid grant (those formats carry neither). Ingest reads them through
+# its adapters; a base trained on every row (`sft_data: all`) learns these tools' call formats.
+FOREIGN_FORMATS = (("swe-agent", ".traj"), ("atif", ".json"))
+FOREIGN_TENANT = TENANTS[TENANT_MIX.index(max(TENANT_MIX))]    # the largest tenant: the demo's candidate
+
+
+def generate_foreign(out, n_tasks: int = 12, seed: int = 0, *, as_of: str = DEFAULT_AS_OF, suite=None,
+                     tenant: str = FOREIGN_TENANT, runtime=None) -> dict:
+    """Run the shell agent on `n_tasks` suite tasks and write each run in both foreign formats under
+    OUT/swe-agent and OUT/atif (half the runs each, so no trajectory is logged twice); returns counts.
+    The agent's prior is empty (SBFL order), as the production agent's: a prior fit here would count
+    fix kinds of tasks governance may later put in the holdout."""
+    from sandboxes.agents import run_agent
+    from sandboxes.agents.prior import Prior
+    from sandboxes.foreign_logs import atif_traj, swe_agent_traj
+    from sandboxes.humaneval import build_suite
+    from sandboxes.runtime import LocalRuntime
+
+    out = Path(out)
+    as_of_dt = datetime.fromisoformat(as_of).replace(tzinfo=timezone.utc)
+    suite = suite or build_suite(seed=0)
+    pool = sorted(suite.tasks, key=lambda b: b.task_id)
+    tasks = random.Random(f"foreign:{seed}").sample(pool, min(n_tasks, len(pool)))
+    consent = grant_table(as_of_dt)[(tenant, "valid")]["consent_id"]
+    runtime = runtime or LocalRuntime()
+    writers = {"swe-agent": lambda run, b, i: swe_agent_traj(run, b),
+               "atif": lambda run, b, i: atif_traj(run, b, started=as_of_dt - timedelta(days=1, minutes=-7 * i))}
+    counts = {fmt: 0 for fmt, _ in FOREIGN_FORMATS}
+    accepted = 0
+    for fmt, _ in FOREIGN_FORMATS:
+        (out / fmt).mkdir(parents=True, exist_ok=True)
+        (out / fmt / "_batch.yaml").write_text(f"tenant_id: {tenant}\nconsent_id: {consent}\n")
+    for i, b in enumerate(tasks):
+        run = run_agent("shell", b, seed=seed * 100_003 + i, prior=Prior.from_counts({}), runtime=runtime)
+        fmt, ext = FOREIGN_FORMATS[i % len(FOREIGN_FORMATS)]
+        (out / fmt / f"{b.task_id.replace('/', '__')}{ext}").write_text(json.dumps(writers[fmt](run, b, i), indent=1))
+        counts[fmt] += 1
+        accepted += bool(run.accepted)
+    return {"out": str(out), "tenant": tenant, "consent_id": consent, "by_format": counts, "accepted": accepted}
+
+
 def _count(items) -> dict:
     out: dict = {}
     for x in items:

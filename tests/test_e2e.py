@@ -61,6 +61,15 @@ def test_demo_then_two_scheduled_cycles(home, capsys):
     assert first["tasks"] > 0 and set(first["splits"]) == {"train", "val", "holdout"}
     assert {"atif", "mini_swe_agent", "swe_agent", "swebench_prediction", "openai_chat"} <= set(first["by_format"])
     assert first["quarantine"]  # the landing folder carries bad lines on purpose
+    # the shell agent's runs, logged as SWE-agent and ATIF files for the largest tenant, are ingested
+    # with their bash / str_replace_editor calls, and the SFT's per-format line reports what trained
+    from sandboxes.generate import FOREIGN_TENANT
+    with Warehouse(home.warehouse).connect() as con:
+        foreign = dict(con.execute(
+            "SELECT source_format, count(*) FROM trajectories WHERE tenant_id = ? "
+            "AND source_format IN ('swe_agent', 'atif') GROUP BY 1", [FOREIGN_TENANT]).fetchall())
+    assert foreign == {"swe_agent": 2, "atif": 2}, foreign
+    assert "its SFT, per source format (trained / offered" in out.err
     assert run_demo(home, quick=True, tasks=10, eval_tasks=2) == 0
     second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert wh.store().count("eval_episodes") == episodes   # resumed: nothing re-run, no second candidate

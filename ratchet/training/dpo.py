@@ -141,12 +141,16 @@ def train_dpo(base: str | Path, pairs: Sequence[tuple[Mapping, Mapping]], out_di
             used += [good, bad]
     if not examples:
         raise ValueError("no usable preference pair (same task, shared prompt, trainable turns on both sides)")
-    from ratchet.training.device import trainer_device_args
+    from ratchet.training.device import resolve_device, trainer_device_args
 
     torch.set_num_threads(settings.threads)
+    # a large model on the CPU: one pair at a time, the batch accumulated (ratchet.training.sft.micro_batched)
+    micro = settings.batch_size if lora and resolve_device(settings.device) == "cpu" \
+        and "gradient_accumulation_steps" not in settings.overrides else 1
     cfg = DPOConfig(
         output_dir=str(Path(out_dir) / "trainer"), beta=settings.beta, num_train_epochs=settings.epochs,
-        max_steps=settings.max_steps, per_device_train_batch_size=settings.batch_size,
+        max_steps=settings.max_steps, per_device_train_batch_size=settings.batch_size // micro or 1,
+        gradient_accumulation_steps=micro,
         learning_rate=settings.learning_rate, logging_steps=settings.logging_steps, save_strategy="no",
         seed=settings.seed, data_seed=settings.seed, max_length=settings.max_length,
         **trainer_device_args(settings.device), gradient_checkpointing=False, report_to=[], disable_tqdm=True, remove_unused_columns=False,

@@ -1,6 +1,7 @@
 """The shell agent's runs written as SWE-agent and ATIF logs: ingest reads them back through its
 adapters with every bash and str_replace_editor call, and every one of them trains."""
 import json
+from datetime import datetime, timezone
 
 import pytest
 
@@ -58,3 +59,26 @@ def test_its_logs_ingest_as_swe_agent_and_atif_and_train(runs, tmp_path):
         assert calls == logged, row["source_format"]                      # every call, arguments intact
     cov = coverage(rows, TOOL_SCHEMAS)
     assert all(e["trains"] and e["trainable_turns"] == e["turns"] for e in cov), cov
+
+
+def test_generate_foreign_writes_both_formats_for_the_tenants_valid_grant(tmp_path, runtime):
+    """The demo's foreign logs: half the shell agent's runs as SWE-agent files, half as ATIF, each
+    folder with a `_batch.yaml` naming the tenant and its valid grant (the formats carry neither),
+    and ingest attributes every one of them to that tenant and grant."""
+    from ratchet.ingest import IngestOptions, ingest
+    from ratchet.warehouse import Warehouse
+    from sandboxes.generate import FOREIGN_TENANT, generate_foreign, grant_table
+    from sandboxes.humaneval import build_suite
+
+    suite = build_suite(seed=0, limit=2, per_problem=2, cache_dir=tmp_path / "suite")
+    out = generate_foreign(tmp_path / "land", n_tasks=2, suite=suite, as_of="2026-11-28", runtime=runtime)
+    grant = grant_table(datetime(2026, 11, 28, tzinfo=timezone.utc))[(FOREIGN_TENANT, "valid")]["consent_id"]
+    assert out["by_format"] == {"swe-agent": 1, "atif": 1} and out["consent_id"] == grant
+    assert sorted(p.suffix for p in (tmp_path / "land").rglob("*") if p.is_file() and p.name != "_batch.yaml") == \
+        [".json", ".traj"]
+    wh = Warehouse(tmp_path / "wh.duckdb")
+    wh.ensure_schema()
+    assert ingest([tmp_path / "land"], wh, IngestOptions(workers=1)).accepted == 2
+    with wh.connect() as con:
+        got = sorted(con.execute("SELECT source_format, tenant_id, consent_id FROM trajectories").fetchall())
+    assert got == [("atif", FOREIGN_TENANT, grant), ("swe_agent", FOREIGN_TENANT, grant)]

@@ -117,6 +117,14 @@ def test_training_rows_come_in_an_order_that_does_not_depend_on_measured_timings
     assert orders[0] == orders[1] == ["acme-a", "acme-b", "acme-c", "acme-d"]
 
 
+def test_micro_batching_is_for_large_models_on_the_cpu():
+    from ratchet.training.sft import micro_batched
+
+    s = SFTSettings(batch_size=4, grad_accum=2, device="cpu")
+    assert (micro_batched(s, True).batch_size, micro_batched(s, True).grad_accum) == (1, 8)
+    assert micro_batched(s, False) == s                       # the small model keeps its padded batch
+
+
 def test_sft_with_lora_trains_the_adapter_and_saves_merged_weights(tmp_path, tiny_model, tokenizer, trajectories,
                                                                    tools):
     """lora="on" (what "auto" does for a > 50M-parameter base): only the adapter trains; the saved
@@ -136,6 +144,8 @@ def test_sft_with_lora_trains_the_adapter_and_saves_merged_weights(tmp_path, tin
     assert res.losses[-1] < res.losses[0], res.losses
     meta = json.loads((tmp_path / "sft" / "ratchet_checkpoint.json").read_text())
     assert meta["lora"] is True and not (tmp_path / "sft" / "adapter_config.json").exists()
+    # on the CPU a large (LoRA) model steps one unpadded example at a time and accumulates the batch
+    assert (meta["settings"]["batch_size"], meta["settings"]["grad_accum"]) == (1, 2)
     saved, _ = load_policy(tmp_path / "sft")
     assert not hasattr(saved, "peft_config")
     after = dict(saved.named_parameters())
