@@ -7,6 +7,13 @@ to docs/results/mutation.jsonl (the same record shape as a bench's, so `ratchet 
 it: counts per file and every survivor with its source line).
 
     .venv/bin/python -m ratchet.mutation --cache DIR/.mutmut-cache --label governance [--tests "..."] [--wall-s S]
+
+(`--cache` again for each further copy when files were mutated in several copies at once.)
+
+`map` (run by `make mutation` in the mutation copy) records which tests call each function, so a
+mutant runs those tests, not its whole folder (see `pre_mutation`):
+
+    .venv/bin/python -m ratchet.mutation map --paths ratchet/governance/ --runner "python -m pytest tests/governance" --out MAP
 """
 from __future__ import annotations
 
@@ -54,18 +61,233 @@ def read_cache(path: Path) -> dict:
             "baseline": "every mutant killed", "ratio": round(total["killed"] / tested, 4) if tested else None}
 
 
+# --- test selection: each mutant runs only the tests that call the function it sits in ----------
+#
+# `map` runs the target's tests once under a call tracer (every process: spawn pool workers and
+# threads too, through a sitecustomize on PYTHONPATH) and writes, for every function of the mutated
+# files, the tests that called it. mutmut's `pre_mutation` hook (the `mutmut_config.py` the
+# Makefile writes into the copy) then narrows each mutant's pytest command to those tests, fastest
+# first. A mutant in a function no test calls survives without a run: no test executes that code.
+# Lines outside any function body (constants, defaults, decorators: run at import) get every test
+# that called anything in the file.
+
+_SITECUSTOMIZE = r'''
+import os, sys, threading
+_out = os.environ.get("RATCHET_MUTMAP_OUT")
+if _out:
+    _targets = set(os.environ["RATCHET_MUTMAP_TARGETS"].split(os.pathsep))
+    _seen = set()
+    _file = open(os.path.join(_out, "calls-%d.tsv" % os.getpid()), "a", buffering=1)
+
+    _known = {}
+
+    def _trace(frame, event, arg):
+        co = frame.f_code
+        hit = _known.get(co.co_filename)
+        if hit is None:
+            hit = _known[co.co_filename] = os.path.abspath(co.co_filename) in _targets
+        if hit:
+            key = (os.environ.get("RATCHET_MUTMAP_TEST", ""), os.path.abspath(co.co_filename), co.co_firstlineno, co.co_name)
+            if key not in _seen:
+                _seen.add(key)
+                _file.write("\t".join(map(str, key)) + "\n")
+        return None
+
+    sys.settrace(_trace)
+    threading.settrace(_trace)
+'''
+
+_PLUGIN = r'''
+import os, time
+durations = {}
+
+def pytest_runtest_protocol(item, nextitem):
+    os.environ["RATCHET_MUTMAP_TEST"] = item.nodeid.split("[", 1)[0]
+
+def pytest_runtest_logreport(report):
+    key = report.nodeid.split("[", 1)[0]
+    durations[key] = durations.get(key, 0.0) + report.duration
+
+def pytest_sessionfinish(session, exitstatus):
+    import json
+    with open(os.path.join(os.environ["RATCHET_MUTMAP_OUT"], "durations.json"), "w") as f:
+        json.dump(durations, f)
+'''
+
+
+def build_map(paths: list[str], pytest_argv: list[str], out: Path, root: Path) -> dict:
+    """Run `pytest_argv` (a pytest command line, without its interpreter) once under the call
+    tracer and write the map: {"pytest": the command's options, "tests": {test: seconds},
+    "files": {file: {"LINE:NAME": [tests]}}}. Fails if the tests fail: a mutant run would be
+    meaningless."""
+    import json
+    import subprocess
+    import tempfile
+
+    files = []
+    for p in paths:
+        p = root / p
+        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
+    # a module's co_filename is the path it was imported by: the link's and the real one both count
+    targets = {}
+    for f in files:
+        rel = str(f.relative_to(root))
+        targets[os.path.abspath(f)] = targets[os.path.realpath(f)] = rel
+    with tempfile.TemporaryDirectory(prefix="mutmap-") as tmp:
+        (Path(tmp) / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+        (Path(tmp) / "_ratchet_mutmap.py").write_text(_PLUGIN)
+        env = dict(os.environ, RATCHET_MUTMAP_OUT=tmp, RATCHET_MUTMAP_TARGETS=os.pathsep.join(targets),
+                   PYTHONPATH=os.pathsep.join([tmp] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        cmd = [sys.executable, "-m", "pytest", "-p", "_ratchet_mutmap", *pytest_argv]
+        rc = subprocess.run(cmd, cwd=root, env=env).returncode
+        if rc != 0:
+            raise RuntimeError(f"the target's tests fail before any mutation (exit {rc}): {' '.join(cmd)}")
+        durations = json.loads((Path(tmp) / "durations.json").read_text())
+        calls: dict[str, dict[str, set]] = {}
+        for tsv in Path(tmp).glob("calls-*.tsv"):
+            for row in tsv.read_text().splitlines():
+                test, filename, line, name = row.split("\t")
+                if test:      # "" is import time (collection): covered by the file-level fallback
+                    calls.setdefault(targets[filename], {}).setdefault(f"{line}:{name}", set()).add(test)
+    opts = _drop_test_paths(pytest_argv, root)
+    mapping = {"pytest": opts, "tests": durations,
+               "files": {f: {k: sorted(v) for k, v in funcs.items()} for f, funcs in calls.items()}}
+    out.write_text(json.dumps(mapping, indent=1, sort_keys=True))
+    return mapping
+
+
+def _drop_test_paths(argv: list[str], root: Path) -> list[str]:
+    """The pytest options of a runner command line without its test paths and --ignore's."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--ignore":
+            skip = True
+        elif a.startswith("--ignore="):
+            pass
+        elif not a.startswith("-") and (root / a.split("::")[0]).exists() and (kept[-1:] != ["-m"]):
+            pass
+        else:
+            kept.append(a)
+    return kept
+
+
+def _function_key(source: str, line: int) -> tuple[str | None, bool]:
+    """The innermost function whose body holds 1-based `line`, as "FIRSTLINE:NAME" (the code
+    object's first line is its first decorator's), or None at module level."""
+    import ast
+
+    best = None
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.body[0].lineno <= line <= node.end_lineno:
+                if best is None or node.body[0].lineno >= best.body[0].lineno:
+                    best = node
+    if best is None:
+        return None, False
+    first = min([d.lineno for d in best.decorator_list] + [best.lineno])
+    return f"{first}:{best.name}", True
+
+
+_MAP_CACHE: dict = {}
+
+
+def select_tests(mapping: dict, filename: str, line: int, source: str) -> list[str]:
+    """The tests that can kill a mutant of `filename` at 1-based `line`, fastest first: [] when
+    no test runs that code."""
+    funcs = mapping["files"].get(filename, {})
+    key, in_function = _function_key(source, line)
+    if in_function:
+        tests = set(funcs.get(key, ()))
+    else:
+        tests = {t for ts in funcs.values() for t in ts}
+    return sorted(tests, key=lambda t: (mapping["tests"].get(t, 0.0), t))
+
+
+def pre_mutation(context) -> None:
+    """mutmut's hook (mutmut_config.py): narrow the mutant's test command to the tests that call its
+    code; with no RATCHET_MUTMAP set the target's whole runner runs, as before."""
+    import json
+    import shlex
+
+    path = os.environ.get("RATCHET_MUTMAP")
+    if not path:
+        return
+    if path not in _MAP_CACHE:
+        _MAP_CACHE[path] = json.loads(Path(path).read_text())
+    mapping = _MAP_CACHE[path]
+    source = Path(context.filename).read_text()
+    tests = select_tests(mapping, context.filename, context.current_line_index + 1, source)
+    if not tests:
+        context.config.test_command = "true"   # no test executes this line: it survives as is
+        return
+    pytest = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "pytest", *mapping["pytest"], *tests])
+    # pytest exits 2 when a mutant breaks collection (an import error): mutmut reads only 1 as killed
+    context.config.test_command = f"sh -c {shlex.quote(pytest + ' || exit 1')}"
+
+
+def map_main(argv: list[str]) -> int:
+    import shlex
+
+    ap = argparse.ArgumentParser(prog="ratchet.mutation map",
+                                 description="which tests call each function of the mutated files")
+    ap.add_argument("--paths", required=True, help="mutmut's --paths-to-mutate (comma-separated)")
+    ap.add_argument("--runner", required=True, help="the target's pytest command (mutmut's --runner)")
+    ap.add_argument("--out", required=True, help="the map to write (JSON)")
+    a = ap.parse_args(argv)
+    runner = shlex.split(a.runner)
+    if "pytest" not in runner:
+        print("ratchet.mutation map: the runner must be a pytest command", file=sys.stderr)
+        return 2
+    root = Path.cwd()
+    try:
+        m = build_map([p for p in a.paths.split(",") if p], runner[runner.index("pytest") + 1:], Path(a.out), root)
+    except RuntimeError as e:
+        print(f"ratchet.mutation map: {e}", file=sys.stderr)
+        return 1
+    funcs = sum(len(v) for v in m["files"].values())
+    print(f"mutation map: {len(m['tests'])} tests, {funcs} functions called -> {a.out}", file=sys.stderr)
+    return 0
+
+
+def merge_caches(paths: list[Path]) -> dict:
+    """One result from several caches (copies that mutated different files at once). A file in
+    more than one comes from the cache that tested most of its mutants; survivors then name their
+    cache's folder, where `mutmut show ID` prints them (ids repeat across caches)."""
+    if len(paths) == 1:
+        return read_cache(paths[0])
+    parts = [(p, read_cache(p)) for p in paths]
+    files, survivors = {}, []
+    for f in sorted({f for _, r in parts for f in r["files"]}):
+        p, r = max(((p, r) for p, r in parts if f in r["files"]),
+                   key=lambda pr: pr[1]["files"][f]["mutants"] - pr[1]["files"][f]["untested"])
+        files[f] = r["files"][f]
+        survivors += [{**m, "dir": str(p.parent)} for m in r["survivors"] if m["file"] == f]
+    total = {k: sum(c[k] for c in files.values()) for k in ("mutants", "killed", "survived", "timeout", "untested")}
+    tested = total["mutants"] - total["untested"]
+    return {"bench": "mutation", **total, "files": files, "survivors": survivors,
+            "baseline": "every mutant killed", "ratio": round(total["killed"] / tested, 4) if tested else None}
+
+
 def main(argv: list[str] | None = None) -> int:
     from ratchet import results
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["map"]:
+        return map_main(argv[1:])
+
     ap = argparse.ArgumentParser(description="record mutmut's results on the results page")
-    ap.add_argument("--cache", required=True, help="the run's .mutmut-cache")
+    ap.add_argument("--cache", required=True, action="append",
+                    help="the run's .mutmut-cache; repeat it for a run split over several copies (each file is "
+                         "taken from the cache that tested most of its mutants)")
     ap.add_argument("--label", required=True, help="what was mutated (recorded as the command's arguments)")
     ap.add_argument("--tests", default="", help="the test runner each target used (recorded)")
     ap.add_argument("--wall-s", type=float, default=0.0, help="how long the mutmut run took (recorded)")
     ap.add_argument("--results-dir", help="default docs/results")
     a = ap.parse_args(argv)
     try:
-        res = read_cache(Path(a.cache))
+        res = merge_caches([Path(c) for c in a.cache])
     except (FileNotFoundError, sqlite3.Error) as e:
         print(f"ratchet.mutation: {e}", file=sys.stderr)
         return 2
