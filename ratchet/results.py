@@ -119,6 +119,15 @@ SPECS: dict[str, BenchSpec] = {
     "rl_variant": BenchSpec(
         "one RL change from a learning run's SFT checkpoint, paired with that SFT",
         ("rl_pass", "RL task success"), (), "RL / SFT"),
+    "quixbugs": BenchSpec(
+        "QuixBugs' 40 programs as a task source: buggy fails and fix passes in the sandbox, then the "
+        "harness baselines on them as the locked holdout (pass rates with 95% CIs)",
+        ("pass_rates.harness:sbfl.pass_rate", "harness:sbfl pass rate on QuixBugs"),
+        (Target("buggy_fail", "==", 40, "all 40 buggy programs fail their tests"),
+         Target("fixed_pass", "==", 40, "all 40 reference fixes pass them"),
+         Target("infra", "==", 0, "no infrastructure failure (the 3 loops are the agent's)"),
+         Target("holdout_quixbugs", "==", 40, "all 40 accepted into the locked holdout")),
+        "harness:sbfl / harness:random"),
 }
 
 

@@ -12,8 +12,12 @@ The reference fix is the instance's `patch` (SWE-bench) or the task's `solution/
 `solve.sh` run by bash from the repository root inside the sandbox, or a single `*.patch` /
 `*.diff`). Everything else becomes a `Rejection` with a reason from REASONS and a detail.
 
-Verdicts are cached by environment digest and reference fix (`cache_dir`): a re-run of the
-`tasks` asset checks only what changed. Sandbox failures are never cached.
+A Harbor task whose `environment/` has a Dockerfile is checked, and later run, in its own image
+built locally from it (`sandboxes.docker_task_image`); a Dockerfile that does not build here is
+the task's rejection (`image_build_failed`). Every other task runs in bubblewrap.
+
+Verdicts are cached by environment digest, image and reference fix (`cache_dir`): a re-run of
+the `tasks` asset checks only what changed. Sandbox failures are never cached.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ REASONS = {
     "reference_fix_failed": "the reference fix does not apply or its script fails",
     "tests_pass_before_fix": "the required tests already pass on the unfixed code",
     "tests_fail_after_fix": "required tests do not pass with the reference fix",
+    "image_build_failed": "the task's environment/Dockerfile does not build here (offline, local base images only)",
     "infra_error": "the sandbox failed while checking the task (not the task's fault; run again)",
     "duplicate_task_id": "another source already has a task with this id",
     "problem_dropped": "a HumanEval problem with no verified mutant",
@@ -192,6 +197,18 @@ def limits_dict(raw: dict) -> dict:
     return out
 
 
+def source_tasks(spec: SourceSpec) -> list:
+    """A Harbor or SWE-bench source's records as (bundle, Reference) pairs, unchecked, and a
+    Rejection for each record that is no task at all (what `load_source` checks next)."""
+    if spec.kind == "harbor":
+        candidates = _harbor_candidates(spec)
+    elif spec.kind == "swebench":
+        candidates = _swebench_candidates(spec)
+    else:
+        raise SourceError(f"source_tasks: {spec.kind} is not a user source")
+    return [build() for build in (candidates[:spec.limit] if spec.limit is not None else candidates)]
+
+
 def load_source(spec: SourceSpec, runtime_factory, *, cache_dir: str | Path | None = None) -> Loaded:
     """A Harbor or SWE-bench source as checked bundles and rejections. `runtime_factory()` gives
     the sandbox runtime (called only when some task needs checking)."""
@@ -209,6 +226,11 @@ def load_source(spec: SourceSpec, runtime_factory, *, cache_dir: str | Path | No
             out.rejections.append(item)
             continue
         bundle, reference = item
+        try:
+            bundle = _in_own_image(bundle)
+        except ValueError as e:         # ImageBuildError: the Dockerfile does not build here
+            out.rejections.append(Rejection(spec.label, bundle.task_id, "image_build_failed", str(e), spec.path))
+            continue
         verdict = _cached(cache_dir, bundle, reference, spec.require_reference)
         if verdict is _MISS:
             if runtime is None:
@@ -227,6 +249,16 @@ def load_source(spec: SourceSpec, runtime_factory, *, cache_dir: str | Path | No
         else:
             out.bundles.append(bundle)
     return out
+
+
+def _in_own_image(bundle):
+    """A task with a Dockerfile (Harbor's environment/) runs in its own image, built here;
+    every other task in bubblewrap (`sandboxes.docker_task_image`)."""
+    if not (bundle.metadata or {}).get("dockerfile"):
+        return bundle
+    from sandboxes.docker_task_image import prepare
+
+    return prepare(bundle)
 
 
 @dataclass(frozen=True)
@@ -270,6 +302,9 @@ def check_task(runtime, bundle, reference: Reference, *, require_reference: bool
             what = "solution/solve.sh failed"
         if r.infra_error:
             return "infra_error", f"applying the reference fix: {r.infra_error}"
+        if r.timed_out and reference.patch:
+            # applying a diff never needs wall_s: a loaded machine, not the task (not cached)
+            return "infra_error", f"applying the reference patch timed out after {bundle.limits.wall_s:g} s"
         if r.timed_out or r.returncode != 0:
             tail = (r.stderr or r.stdout or "").strip()[-400:]
             return "reference_fix_failed", f"{what} ({'timed out' if r.timed_out else f'exit {r.returncode}'}): {tail}"
@@ -283,6 +318,31 @@ def check_task(runtime, bundle, reference: Reference, *, require_reference: bool
         return "tests_fail_after_fix", (f"{len(failing)} of {len(required)} required tests do not pass with the "
                                         f"reference fix{timed}: {', '.join(failing[:5])}{extra}")
     return None
+
+
+def reference_episodes(runtime, bundle, patch: str | None = None) -> dict:
+    """Two episodes through the environment the policies use, scored as theirs are: one that
+    submits the code unchanged, one that applies the reference patch (default: the instance's
+    `patch`) and submits. {"buggy": Reward, "fixed": Reward}: on a sound task the first is not
+    resolved, the second is, and neither is an infrastructure failure (a test that never
+    returns is ended by the task's limits and fails: the agent's failure)."""
+    from sandboxes.env import RepairEnv
+
+    patch = patch if patch is not None else bundle.metadata.get("gold_patch") or ""
+    if not patch:
+        raise ValueError(f"{bundle.task_id}: no reference patch")
+    out = {}
+    for name in ("buggy", "fixed"):
+        with RepairEnv(bundle, runtime=runtime) as env:
+            env.reset()
+            if name == "fixed":
+                obs = env.step("apply_patch", {"patch": patch})
+                if obs.startswith("error"):
+                    raise ValueError(f"{bundle.task_id}: the reference patch does not apply: {obs[:300]}")
+            if not env.done:
+                env.step("submit", {"explanation": ""})
+            out[name] = env.reward
+    return out
 
 
 def _no_reference(bundle) -> str:
@@ -463,8 +523,10 @@ _MISS, _OK = object(), object()
 def _cache_file(cache_dir, bundle, reference: Reference, require_reference: bool) -> Path | None:
     if cache_dir is None:
         return None
+    # the image is outside the environment digest: a verdict from bubblewrap is not one from the image
+    image = [(bundle.metadata or {}).get("image")] if (bundle.metadata or {}).get("runtime") == "docker" else []
     key = hashlib.sha256(json.dumps([CHECK_VERSION, bundle.environment_digest, reference.digest,
-                                     require_reference]).encode()).hexdigest()
+                                     require_reference, *image]).encode()).hexdigest()
     return Path(cache_dir) / f"{key}.json"
 
 

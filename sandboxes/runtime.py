@@ -33,6 +33,10 @@ Failure attribution (decided here, on the host, never from anything the sandbox 
   killing everything left under the episode's uid (the only way an agent can stand in the way
   of a start is a full process table); a second failure is `infra_error`.
 
+Tasks with their own image: a bundle that `sandboxes.docker_task_image.prepare` set to run in
+the image built from its Dockerfile (`metadata["runtime"] == "docker"`) gets a Docker episode in
+that image from `episode()`; every other bundle runs in bubblewrap here.
+
 `isolation="none"` runs commands directly on the host (rlimits + clean env + timeout only) and
 warns loudly; it exists for machines without bubblewrap and must be asked for explicitly.
 
@@ -160,6 +164,11 @@ class LocalRuntime:
     name = "local"
 
     def episode(self, bundle, *, episode_id: str | None = None) -> "Episode":
+        # a task prepared to run in its own image (a Harbor Dockerfile) runs there, whoever
+        # opens it: the check, the agent's episode and the pristine verification alike
+        if (bundle.metadata or {}).get("runtime") == "docker":
+            from sandboxes import docker_task_image
+            return docker_task_image.episode(bundle, episode_id)
         return Episode(self, bundle, episode_id or uuid.uuid4().hex[:16])
 
     def zygote(self):

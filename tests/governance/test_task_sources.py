@@ -50,14 +50,14 @@ def make_repo(src: Path) -> tuple[str, str, str]:
 
 def harbor_task(root: Path, name: str, repo: Path, *, code: str | None = None, solve: str | None = FIXED,
                 meta: str = "") -> Path:
-    """A Harbor task folder whose environment is the repository's package at its base commit."""
+    """A Harbor task folder whose environment is the repository's package at its base commit (no
+    Dockerfile: it runs in bubblewrap; tests/sandboxes/test_docker_task_image.py has the image)."""
     d = root / name
     (d / "environment").mkdir(parents=True)
     (d / "tests").mkdir()
     shutil.copytree(repo / "pkg", d / "environment" / "pkg")
     if code is not None:
         (d / "environment" / "pkg" / "text.py").write_text(code)
-    (d / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\nCOPY . /app\n")
     (d / "tests" / "test_text.py").write_text(TESTS)
     (d / "instruction.md").write_text("# title() upper-cases everything\n\nIt should title-case each word.\n")
     (d / "task.toml").write_text(f'version = "1.0"\n[metadata]\n{meta}[agent]\ntimeout_sec = 20.0\n')
