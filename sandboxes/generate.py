@@ -337,7 +337,7 @@ def generate(out, n_tasks: int = 100, seed: int = 0, *, registry=None, as_of: st
 # SWE-agent `.traj` and Harbor ATIF files the way those harnesses leave them, with a `_batch.yaml`
 # naming the tenant and its valid grant (those formats carry neither). Ingest reads them through
 # its adapters. Neither format records whether the run was accepted, so they land with
-# `accepted` unknown and SFT (accepted rows only) does not take them; `v_sft_coverage` shows it.
+# `accepted` unknown and SFT (offered accepted rows only) never sees them.
 FOREIGN_FORMATS = (("swe-agent", ".traj"), ("atif", ".json"))
 FOREIGN_TENANT = TENANTS[TENANT_MIX.index(max(TENANT_MIX))]    # the largest tenant: the demo's candidate
 
