@@ -14,7 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-FIXTURE = Path(__file__).parent / "fixtures" / "quixbugs"
+FIXTURE = Path(__file__).parent / "fixtures" / "quixbugs"      # fixes.json: the one-line fixes
+UPSTREAM = Path(__file__).parents[1] / "fixtures" / "quixbugs" / "repo"   # the shared upstream snapshot
 PROGRAMS = ("bitcount", "find_in_sorted", "flatten", "gcd", "kth", "quicksort")
 HIDDEN_TEST = "gcd"          # its test file arrives only through test_patch
 
@@ -30,9 +31,12 @@ def repo(tmp: Path) -> tuple[Path, str]:
     dest = Path(tmp) / "quixbugs"
     if (dest / ".git").is_dir():
         return dest, _git(dest, "rev-parse", "HEAD")
-    # bytecode a local run left in the fixture is not upstream's: in the snapshot it would read
-    # as deleted test files on Docker, whose diff leaves caches out
-    shutil.copytree(FIXTURE / "repo", dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # only PROGRAMS' files and the shared test helpers, named one by one (no bytecode a local run
+    # left behind: on Docker, whose diff leaves caches out, it would read as deleted files)
+    for rel in ("conftest.py", "python_testcases/load_testdata.py", *(f for n in PROGRAMS for f in (
+            f"python_programs/{n}.py", f"python_testcases/test_{n}.py", f"json_testcases/{n}.json"))):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(UPSTREAM / rel, dest / rel)
     hidden = dest / "python_testcases" / f"test_{HIDDEN_TEST}.py"
     hidden.unlink()
     _git(dest, "init", "-q")
@@ -50,16 +54,16 @@ def fixed_source(name: str) -> str:
     """The program with upstream's one-line fix (fixes.json) applied."""
     import json
     fix = json.loads((FIXTURE / "fixes.json").read_text())[name]
-    buggy = (FIXTURE / "repo" / "python_programs" / f"{name}.py").read_text()
+    buggy = (UPSTREAM / "python_programs" / f"{name}.py").read_text()
     assert buggy.count(fix["old"]) == 1, name
     return buggy.replace(fix["old"], fix["new"])
 
 
 def instance(name: str, base_commit: str) -> dict:
     prog = f"python_programs/{name}.py"
-    buggy = (FIXTURE / "repo" / prog).read_text()
+    buggy = (UPSTREAM / prog).read_text()
     test = f"python_testcases/test_{name}.py"
-    test_patch = _diff(test, "", (FIXTURE / "repo" / test).read_text()) if name == HIDDEN_TEST else ""
+    test_patch = _diff(test, "", (UPSTREAM / test).read_text()) if name == HIDDEN_TEST else ""
     return {"instance_id": f"quixbugs__{name}", "repo": "jkoppel/QuixBugs", "base_commit": base_commit,
             "problem_statement": f"{name} returns wrong results (or never returns) for some inputs.\n\n"
                                  f"See {test}.",
@@ -84,9 +88,9 @@ def harbor_dir(tmp: Path, name: str) -> Path:
     (d / "tests").mkdir()
     (d / "instruction.md").write_text(f"# Fix {name}\n\n{name} returns wrong results for some inputs.\n")
     (d / "task.toml").write_text('[agent]\ntimeout_sec = 5\n[environment]\nmemory = "1G"\n')
-    shutil.copy(FIXTURE / "repo" / "python_programs" / f"{name}.py", d / "environment" / "python_programs")
-    shutil.copy(FIXTURE / "repo" / "json_testcases" / f"{name}.json", d / "environment" / "json_testcases")
-    shutil.copy(FIXTURE / "repo" / "conftest.py", d / "environment")
-    shutil.copy(FIXTURE / "repo" / "python_testcases" / f"test_{name}.py", d / "tests")
-    shutil.copy(FIXTURE / "repo" / "python_testcases" / "load_testdata.py", d / "tests")
+    shutil.copy(UPSTREAM / "python_programs" / f"{name}.py", d / "environment" / "python_programs")
+    shutil.copy(UPSTREAM / "json_testcases" / f"{name}.json", d / "environment" / "json_testcases")
+    shutil.copy(UPSTREAM / "conftest.py", d / "environment")
+    shutil.copy(UPSTREAM / "python_testcases" / f"test_{name}.py", d / "tests")
+    shutil.copy(UPSTREAM / "python_testcases" / "load_testdata.py", d / "tests")
     return d

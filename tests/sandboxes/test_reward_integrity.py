@@ -267,7 +267,7 @@ def test_tamper_gate_has_no_false_positives_on_reference_fixes(qb):
     for t in suite.tasks + evals.tasks:
         assert scan_files(t.files, apply_diff(t.files, t.metadata["fix_diff"]), ["solution.py"]) == [], t.task_id
     for n in quixbugs.PROGRAMS:
-        buggy = (quixbugs.FIXTURE / "repo" / "python_programs" / f"{n}.py").read_text()
+        buggy = (quixbugs.UPSTREAM / "python_programs" / f"{n}.py").read_text()
         assert scan_files({"p.py": buggy}, {"p.py": quixbugs.fixed_source(n)}, ["p.py"]) == [], n
     # what a patch introduces counts, what it only edits around does not
     edit = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-    return eval(a + b)\n+    return eval(a - b)\n"
