@@ -200,27 +200,26 @@ def limits_dict(raw: dict) -> dict:
 def source_tasks(spec: SourceSpec) -> list:
     """A Harbor or SWE-bench source's records as (bundle, Reference) pairs, unchecked, and a
     Rejection for each record that is no task at all (what `load_source` checks next)."""
+    return [build() for build in _candidates(spec, "source_tasks")]
+
+
+def _candidates(spec: SourceSpec, caller: str) -> list:
+    """The source's record builders, the first `spec.limit` of them when it is set."""
     if spec.kind == "harbor":
         candidates = _harbor_candidates(spec)
     elif spec.kind == "swebench":
         candidates = _swebench_candidates(spec)
     else:
-        raise SourceError(f"source_tasks: {spec.kind} is not a user source")
-    return [build() for build in (candidates[:spec.limit] if spec.limit is not None else candidates)]
+        raise SourceError(f"{caller}: {spec.kind} is not a user source")
+    return candidates[:spec.limit] if spec.limit is not None else candidates
 
 
 def load_source(spec: SourceSpec, runtime_factory, *, cache_dir: str | Path | None = None) -> Loaded:
     """A Harbor or SWE-bench source as checked bundles and rejections. `runtime_factory()` gives
     the sandbox runtime (called only when some task needs checking)."""
-    if spec.kind == "harbor":
-        candidates = _harbor_candidates(spec)
-    elif spec.kind == "swebench":
-        candidates = _swebench_candidates(spec)
-    else:
-        raise SourceError(f"load_source: {spec.kind} is not a user source")
     out = Loaded(spec)
     runtime = None
-    for build in candidates[:spec.limit] if spec.limit is not None else candidates:
+    for build in _candidates(spec, "load_source"):
         item = build()
         if isinstance(item, Rejection):
             out.rejections.append(item)
