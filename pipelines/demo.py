@@ -80,7 +80,8 @@ def prepare_landing(home, size: dict) -> dict:
         marker.write_text(json.dumps({k: logs.get(k) for k in ("lines", "trajectories", "foreign")}))
         _say(f"agents ran {size['tasks']} tasks in the sandbox in {time.perf_counter() - t0:.0f} s; the shell agent "
              f"(bash + str_replace_editor) ran {sum(foreign['by_format'].values())} more for {foreign['tenant']}, "
-             f"logged as " + ", ".join(f"{n} {fmt}" for fmt, n in foreign["by_format"].items()) + " files")
+             f"logged as " + ", ".join(f"{n} {fmt} ({foreign['accepted'][fmt]} accepted)"
+                                       for fmt, n in foreign["by_format"].items()) + " files")
     samples = write_samples(home.landing / "imports", n_synthetic=0)
     return {"agent_log_lines": logs.get("lines"), "trajectories": logs.get("trajectories"),
             "foreign_logs": logs.get("foreign"), **samples}

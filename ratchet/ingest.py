@@ -233,7 +233,7 @@ def _ingest(files, skipped, paths, warehouse: Warehouse, opts: IngestOptions, pr
     summary.debris_removed = warehouse.clean_debris()
     # Attribution is resolved for every file before anything is written: a bad `_batch.yaml`
     # fails the batch whole (ValueError), never half-way through.
-    attributions = {f: {k: getattr(opts, k) or v for k, v in sidecar_for(f, root).items()} | {
+    attributions = {f: {k: getattr(opts, k, None) or v for k, v in sidecar_for(f, root).items()} | {
         k: getattr(opts, k) for k in ("tenant_id", "consent_id") if getattr(opts, k)} for f, root in files}
     staging = warehouse.trajectory_dir / f".staging-{summary.batch_id}"
     staging.mkdir(parents=True, exist_ok=True)
@@ -254,7 +254,7 @@ def _ingest(files, skipped, paths, warehouse: Warehouse, opts: IngestOptions, pr
         per_file: dict[str, Counter] = {}
         for f, root in files:
             writer.per_file = per_file.setdefault(str(f), Counter())
-            attribution = {k: attributions[f].get(k) for k in ("tenant_id", "consent_id")}
+            attribution = {k: attributions[f].get(k) for k in ("tenant_id", "consent_id", "accepted")}
             ctx = FileContext(f, attribution, max_bytes, reports, summary.batch_id, now)
             try:
                 st = check_regular(f)

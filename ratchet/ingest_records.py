@@ -86,6 +86,10 @@ def normalise_chunk(items: list, ctx: FileContext, nul_free: bool = False) -> Ch
                 for k in ("tenant_id", "consent_id"):  # the record's own value wins over the batch's
                     if not native.get(k) and attribution.get(k):
                         native = {**native, k: attribution[k]}
+                outcome = native.get("outcome")
+                if attribution.get("accepted") is not None and (outcome is None or (
+                        isinstance(outcome, dict) and outcome.get("accepted") is None)):
+                    native = {**native, "outcome": {**(outcome or {}), "accepted": attribution["accepted"]}}
                 row = normalise(native, fmt, allow_empty_messages=fmt == swebench.NAME,
                                 derive_ids=fmt in adapters.DERIVE_IDS, exported=exported)
             except RecordError as e:

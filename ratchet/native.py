@@ -193,7 +193,7 @@ def _values(r: Record, attribution: dict, source_format: str) -> tuple | None:
         task, r.repo or None, r.issue_id or None, r.agent_id or None, started, ended,
         mjson.decode(), _tools_json(r.tools),
         orjson.dumps([_approval(a) for a in r.approvals] if r.approvals else ()).decode(), d.patch,
-        o.tests_passed, o.accepted, o.human_edited, u.prompt_tokens, u.completion_tokens,
+        o.tests_passed, o.accepted if o.accepted is not None else attribution.get("accepted"), o.human_edited, u.prompt_tokens, u.completion_tokens,
         None if u.cost_usd is None else float(u.cost_usd), None if u.latency_s is None else float(u.latency_s),
         e.id or None, e.digest or None, _prompt(msgs), len(msgs), n_turns, n_calls,
         orjson.dumps(extra, option=orjson.OPT_SORT_KEYS).decode() if extra else None,

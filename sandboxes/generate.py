@@ -336,8 +336,9 @@ def generate(out, n_tasks: int = 100, seed: int = 0, *, registry=None, as_of: st
 # The foreign-format logs: the shell agent (bash + str_replace_editor) on a few tasks, written as
 # SWE-agent `.traj` and Harbor ATIF files the way those harnesses leave them, with a `_batch.yaml`
 # naming the tenant and its valid grant (those formats carry neither). Ingest reads them through
-# its adapters. Neither format records whether the run was accepted, so they land with
-# `accepted` unknown and SFT (offered accepted rows only) never sees them.
+# its adapters. Neither format records whether the run was accepted either, and SFT trains on
+# accepted work only: runs whose fix was accepted go to an `accepted/` folder whose sidecar says
+# `accepted: true`, the others to `failed/` (`accepted: false`), as a reviewed export would.
 FOREIGN_FORMATS = (("swe-agent", ".traj"), ("atif", ".json"))
 FOREIGN_TENANT = TENANTS[TENANT_MIX.index(max(TENANT_MIX))]    # the largest tenant: the demo's candidate
 
@@ -364,16 +365,20 @@ def generate_foreign(out, n_tasks: int = 12, seed: int = 0, *, as_of: str = DEFA
     writers = {"swe-agent": lambda run, b, i: swe_agent_traj(run, b),
                "atif": lambda run, b, i: atif_traj(run, b, started=as_of_dt - timedelta(days=1, minutes=-7 * i))}
     counts = {fmt: 0 for fmt, _ in FOREIGN_FORMATS}
-    accepted = 0
+    accepted = {fmt: 0 for fmt, _ in FOREIGN_FORMATS}
     for fmt, _ in FOREIGN_FORMATS:
-        (out / fmt).mkdir(parents=True, exist_ok=True)
-        (out / fmt / "_batch.yaml").write_text(f"tenant_id: {tenant}\nconsent_id: {consent}\n")
+        for verdict in ("accepted", "failed"):
+            (out / fmt / verdict).mkdir(parents=True, exist_ok=True)
+            (out / fmt / verdict / "_batch.yaml").write_text(
+                f"tenant_id: {tenant}\nconsent_id: {consent}\naccepted: {str(verdict == 'accepted').lower()}\n")
     for i, b in enumerate(tasks):
         run = run_agent("shell", b, seed=seed * 100_003 + i, prior=Prior.from_counts({}), runtime=runtime)
         fmt, ext = FOREIGN_FORMATS[i % len(FOREIGN_FORMATS)]
-        (out / fmt / f"{b.task_id.replace('/', '__')}{ext}").write_text(json.dumps(writers[fmt](run, b, i), indent=1))
+        verdict = "accepted" if run.accepted else "failed"
+        (out / fmt / verdict / f"{b.task_id.replace('/', '__')}{ext}").write_text(
+            json.dumps(writers[fmt](run, b, i), indent=1))
         counts[fmt] += 1
-        accepted += bool(run.accepted)
+        accepted[fmt] += bool(run.accepted)
     return {"out": str(out), "tenant": tenant, "consent_id": consent, "by_format": counts, "accepted": accepted}
 
 

@@ -1,7 +1,8 @@
 """Finding input files and opening them safely: only regular files are opened, always with
 O_NONBLOCK after a stat (a FIFO named `x.jsonl` must never block the ingest that holds the lock);
 every other folder entry becomes a `Skipped` with one reason. Also the batch sidecar
-(`_batch.yaml`) that attributes a folder's files to a tenant and consent."""
+(`_batch.yaml`) that attributes a folder's files to a tenant and consent, and may state their
+acceptance (`accepted: true` for a folder of reviewed, accepted runs)."""
 from __future__ import annotations
 
 import errno
@@ -150,7 +151,9 @@ def discover(paths: list[str | os.PathLike]) -> tuple[list[tuple[Path, Path]], l
 
 
 def sidecar_for(file: Path, root: Path) -> dict:
-    """Attribution from the nearest `_batch.yaml` between the file's folder and the input root."""
+    """Attribution from the nearest `_batch.yaml` between the file's folder and the input root:
+    tenant_id, consent_id and accepted (None where the sidecar says nothing). Foreign logs (SWE-agent
+    `.traj`, ATIF) carry no acceptance, and SFT trains only on accepted work: a curated folder says so."""
     d = file.parent
     while True:
         s = d / SIDECAR
@@ -164,7 +167,11 @@ def sidecar_for(file: Path, root: Path) -> dict:
                 raise ValueError(f"{s}: cannot read the sidecar: {e.detail}") from None
             if not isinstance(data, dict):
                 raise ValueError(f"{s}: must be a mapping like 'tenant_id: acme'")
-            return {k: _text(s, k, data.get(k) or data.get(k.removesuffix("_id"))) for k in ("tenant_id", "consent_id")}
+            out = {k: _text(s, k, data.get(k) or data.get(k.removesuffix("_id"))) for k in ("tenant_id", "consent_id")}
+            accepted = data.get("accepted")
+            if accepted is not None and not isinstance(accepted, bool):
+                raise ValueError(f"{s}: accepted must be true or false, got {accepted!r:.40}")
+            return out | {"accepted": accepted}
         if d == root or d.parent == d:
             return {}
         d = d.parent

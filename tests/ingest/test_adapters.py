@@ -115,6 +115,30 @@ def test_sidecar_ids_yaml_reads_as_numbers_or_dates_stay_text(tmp_path, wh):
         ingest([tmp_path / "a"], wh)
 
 
+def test_sidecar_states_acceptance_for_logs_that_carry_none(tmp_path, wh):
+    """SWE-agent and ATIF logs have no acceptance field; a curated folder's `accepted:` fills it on
+    the general and the fast (native) path alike, and a record's own value wins."""
+    from ratchet.synth import trajectory
+
+    ok, bad = tmp_path / "accepted", tmp_path / "failed"
+    for d, flag in ((ok, "true"), (bad, "false")):
+        d.mkdir()
+        (d / "_batch.yaml").write_text(f"tenant_id: globex\nconsent_id: C-G\naccepted: {flag}\n")
+    (ok / "a.traj").write_text(json.dumps(samples.swe_agent_traj()))
+    (bad / "s.json").write_text(json.dumps(samples.atif_traj()))
+    own, unset = trajectory(0, __import__("random").Random(0)), trajectory(1, __import__("random").Random(1))
+    own["outcome"]["accepted"], unset["outcome"]["accepted"] = False, None
+    (ok / "n.jsonl").write_bytes(orjson.dumps(own) + b"\n" + orjson.dumps(unset) + b"\n")
+    assert ingest([tmp_path], wh).accepted == 4
+    got = {(r.source_format, r.trajectory_id): r.accepted for r in _rows(wh).itertuples()}
+    assert got == {("swe_agent", _rows(wh, "source_format = 'swe_agent'").trajectory_id[0]): True,
+                   ("atif", _rows(wh, "source_format = 'atif'").trajectory_id[0]): False,
+                   ("openai_chat", own["trajectory_id"]): False, ("openai_chat", unset["trajectory_id"]): True}
+    (ok / "_batch.yaml").write_text("tenant_id: globex\naccepted: maybe\n")
+    with pytest.raises(ValueError, match="accepted must be true or false"):
+        ingest([tmp_path], wh)
+
+
 def test_parquet_export_reingests_as_duplicates(tmp_path, wh):
     from ratchet.synth import write_jsonl
 

@@ -63,8 +63,8 @@ def test_its_logs_ingest_as_swe_agent_and_atif_and_train(runs, tmp_path):
 
 def test_generate_foreign_writes_both_formats_for_the_tenants_valid_grant(tmp_path, runtime):
     """The demo's foreign logs: half the shell agent's runs as SWE-agent files, half as ATIF, each
-    folder with a `_batch.yaml` naming the tenant and its valid grant (the formats carry neither),
-    and ingest attributes every one of them to that tenant and grant."""
+    folder with a `_batch.yaml` naming the tenant, its valid grant and the runs' acceptance (the
+    formats carry none of them), and ingest attributes every one of them so."""
     from ratchet.ingest import IngestOptions, ingest
     from ratchet.warehouse import Warehouse
     from sandboxes.generate import FOREIGN_TENANT, generate_foreign, grant_table
@@ -80,5 +80,7 @@ def test_generate_foreign_writes_both_formats_for_the_tenants_valid_grant(tmp_pa
     wh.ensure_schema()
     assert ingest([tmp_path / "land"], wh, IngestOptions(workers=1)).accepted == 2
     with wh.connect() as con:
-        got = sorted(con.execute("SELECT source_format, tenant_id, consent_id FROM trajectories").fetchall())
-    assert got == [("atif", FOREIGN_TENANT, grant), ("swe_agent", FOREIGN_TENANT, grant)]
+        got = sorted(con.execute("SELECT source_format, tenant_id, consent_id, accepted FROM trajectories").fetchall())
+    accepted = {"swe_agent": bool(out["accepted"]["swe-agent"]), "atif": bool(out["accepted"]["atif"])}
+    assert got == [("atif", FOREIGN_TENANT, grant, accepted["atif"]),
+                   ("swe_agent", FOREIGN_TENANT, grant, accepted["swe_agent"])]
