@@ -268,7 +268,8 @@ def report(home, cycle: dict | None) -> None:
         trained = sft_by_format(wh, cycle.get("tenant"))
         if trained:
             _say("its SFT, per source format (trained / offered; `ratchet query \"SELECT * FROM v_sft_coverage\"`): "
-                 + ", ".join(f"{r['source_format']} {r['trained']}/{r['trajectories']}" for r in trained)
+                 + ", ".join(f"{r['source_format']} {r['trained']}/{r['trajectories']}"
+                             + (f" (not: {'; '.join(r['reasons'])})" if r.get("reasons") else "") for r in trained)
                  + f" (sft_data: {trained[0]['sft_data']})")
     print(economics_text(wh), file=sys.stderr)
     _say(f"scorecard stored at {home.root / 'scorecard.md'} (and in the scorecard asset's metadata and MLflow); "
@@ -296,11 +297,11 @@ def report(home, cycle: dict | None) -> None:
 
 def sft_by_format(wh, tenant: str | None) -> list[dict]:
     """The tenant's newest SFT checkpoint's rows per source format (`v_sft_coverage`): how many of
-    the trajectories it was offered trained."""
+    the trajectories it was offered trained, and why the others did not."""
     if not tenant:
         return []
     return wh.store().read(
-        "SELECT source_format, sft_data, trajectories, trained FROM v_sft_coverage WHERE checkpoint_id = "
+        "SELECT source_format, sft_data, trajectories, trained, reasons FROM v_sft_coverage WHERE checkpoint_id = "
         "(SELECT checkpoint_id FROM sft_coverage WHERE tenant_id = ? ORDER BY created_at DESC LIMIT 1) "
         "AND tenant_id = ? ORDER BY source_format", [tenant, tenant])
 

@@ -48,7 +48,11 @@ def test_harness_policies_run_concurrently(runtime, tasks):
     jobs = [(b, 0) for b in tasks[:2]]
     recs = run_episodes(make_policy("harness:sbfl"), jobs, concurrency=2, runtime=runtime)
     single = [run_policy_episode(make_policy("harness:sbfl"), b, 0, runtime=runtime) for b, _ in jobs]
-    assert [r.messages for r in recs] == [r.messages for r in single]
+    for r, one in zip(recs, single):  # on a mismatch, say which message differs and how
+        diff = next((i for i, (m, n) in enumerate(zip(r.messages, one.messages)) if m != n), None)
+        assert diff is None and len(r.messages) == len(one.messages), (
+            r.task_id, diff, len(r.messages), len(one.messages),
+            diff is not None and (r.messages[diff], one.messages[diff]))
     assert all(r.outcome in ("pass", "fail") for r in recs)
 
 
