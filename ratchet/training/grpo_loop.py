@@ -97,6 +97,10 @@ class GRPOSettings:
     # step while its reward fell to 0). 0 turns either check off.
     kl_limit: float = 1.0
     entropy_floor: float = 0.0
+    # "auto": CUDA when torch sees a GPU (the update's forward and backward in bf16 autocast where
+    # the GPU has it, the rollouts in-process on the same GPU), else the CPU; "cpu" / "cuda" force it
+    # (ratchet.training.device: "cuda" without a GPU is an error, never a silent CPU run)
+    device: str = "auto"
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -114,6 +118,9 @@ class GRPOSettings:
             raise ValueError("learning_rate and temperature must be > 0, beta >= 0")
         if self.kl_limit < 0 or self.entropy_floor < 0:
             raise ValueError("kl_limit and entropy_floor must be >= 0 (0: off)")
+        from ratchet.training.device import DEVICES
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
 
     def bounds(self):
         from ratchet.policy.grammar import Bounds
@@ -208,21 +215,33 @@ def _token_logprobs(model, ids, temperature: float, allowed=None):
     (what the constrained sampler drew from, when it recorded them)."""
     import torch
 
-    x = torch.tensor([ids])
-    logits = model(input_ids=x).logits[0, :-1].float() / temperature
+    dev = next(model.parameters()).device
+    x = torch.tensor([ids], device=dev)
+    with _autocast(dev):
+        logits = model(input_ids=x).logits[0, :-1].float() / temperature
     if allowed is not None:
         rows = [t - 1 for t in range(1, len(ids)) if allowed[t]]
         if rows:
             keep = torch.zeros(len(rows), logits.shape[-1], dtype=torch.bool)
             for i, t in enumerate(rows):
                 keep[i, allowed[t + 1]] = True
-            idx = torch.tensor(rows)
+            keep, idx = keep.to(dev), torch.tensor(rows, device=dev)
             logits = logits.index_put((idx,), logits[idx].masked_fill(~keep, float("-inf")))
     logp_all = torch.log_softmax(logits, -1)
     lp = logp_all.gather(1, x[0, 1:].unsqueeze(1)).squeeze(1)
     ent = -(logp_all.exp() * logp_all.clamp_min(-1e30)).sum(-1)
-    zero = torch.zeros(1)
+    zero = torch.zeros(1, device=dev)
     return torch.cat([zero, lp]), torch.cat([zero, ent.detach()])
+
+
+def _autocast(dev):
+    """bf16 autocast on a GPU that has it (the logits are taken back to float32); nothing on the CPU,
+    where the update stays float32 as every test measures it."""
+    import torch
+
+    if dev.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
 
 
 def minibatches(seqs: list[dict], k: int) -> list[list[dict]]:
@@ -268,10 +287,11 @@ def grpo_update(model, ref_model, optimizer, seqs: list[dict], settings: GRPOSet
                     ref = model if ref_model is None else ref_model
                     with torch.no_grad(), (model.disable_adapter() if ref_model is None else nullcontext()):
                         refs[id(s)] = _token_logprobs(ref, s["input_ids"], settings.temperature, s.get("allowed"))[0]
-                mask = torch.tensor([s["mask"]])
-                old = torch.tensor([s["old_logprobs"]], dtype=lp.dtype)
+                mask = torch.tensor([s["mask"]], device=lp.device)
+                old = torch.tensor([s["old_logprobs"]], dtype=lp.dtype, device=lp.device)
                 loss, st = token_loss(lp.unsqueeze(0), old, refs[id(s)].unsqueeze(0),
-                                      torch.tensor([float(s["advantage"])]), mask, clip_eps=settings.clip_eps,
+                                      torch.tensor([float(s["advantage"])], device=lp.device), mask,
+                                      clip_eps=settings.clip_eps,
                                       beta=settings.beta)
                 (loss * (k / c_tok)).backward()
                 if not first:
@@ -354,9 +374,11 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
     from ratchet.policy.engines.transformers_engine import TransformersPolicy
     from ratchet.policy.rollout_pool import RolloutPool
     from ratchet.policy.runner import Sampling, run_episodes
+    from ratchet.training.device import resolve_device
     from ratchet.training.quiet import quiet_libraries
 
     quiet_libraries()          # no weight-loading bars here or in the rollout workers
+    device = resolve_device(settings.device)
     torch.set_num_threads(settings.threads)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -365,7 +387,7 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
     task_ids = sorted(by_id)
     last = last_checkpoint(out) if resume else None
     model, tok = load_policy(start)
-    model, lora = maybe_lora(model, settings.lora, seed=settings.seed, dropout=0.0)
+    model, lora = maybe_lora(model.to(device), settings.lora, seed=settings.seed, dropout=0.0)
     if lora:
         ref_model = None                              # the adapter off (grpo_update)
         if last:
@@ -376,6 +398,7 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         if last:
             model, _ = load_policy(last)
+            model = model.to(device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.learning_rate,
                                   weight_decay=0.0)
     first, history, cpu_before, wall_before = 0, [], 0.0, 0.0
@@ -393,7 +416,9 @@ def train_grpo(start: str | Path, bundles: Sequence, out_dir: str | Path, settin
     sampling = Sampling(temperature=settings.temperature, max_tokens=settings.max_tokens)
     rkw = {"concurrency": settings.concurrency, "sampling": sampling, "judge": judge, "weights": weights,
            "max_turns": settings.max_turns, "min_batch": settings.concurrency}
-    pool = RolloutPool(settings.rollout_workers, runtime=runtime) if settings.rollout_workers > 1 else None
+    # worker processes share the CPU's cores; on a GPU the rollouts batch on the GPU in this process
+    pool = RolloutPool(settings.rollout_workers, runtime=runtime) \
+        if settings.rollout_workers > 1 and device == "cpu" else None
     try:
         for step in range(first, settings.steps):
             s0, w0 = _cpu_now(), time.monotonic()

@@ -434,3 +434,17 @@ def test_a_run_whose_kl_blows_up_stops_unsaved_and_says_so(start, bundles, runti
     assert res.best == res.checkpoint                  # no validation: the last saved step
     with pytest.raises(ValueError, match="kl_limit"):
         GRPOSettings(kl_limit=-1)
+
+
+def test_device_is_checked_before_any_rollout(start, bundles, runtime, tmp_path):
+    """Placement follows ratchet.training.device: an unknown device is refused at once, and "cuda"
+    on a machine whose torch sees no GPU fails before an episode runs (never a silent CPU run)."""
+    import torch
+
+    with pytest.raises(ValueError, match="device must be one of"):
+        GRPOSettings(**TINY_RL, device="tpu")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the refusal under test cannot happen here")
+    with pytest.raises(RuntimeError, match="sees no GPU"):
+        train_grpo(start, bundles, tmp_path / "rl", GRPOSettings(**TINY_RL, steps=1, device="cuda"), runtime=runtime)
+    assert not (tmp_path / "rl").exists() or not any((tmp_path / "rl").iterdir())
