@@ -24,6 +24,13 @@ candidate edit applied. 95% CIs: percentile bootstrap over tasks (ratchet.evalua
     .venv/bin/python bench/learning.py --problems 40 --rl-seeds 1   # the small size: 20 train / 20
                                                                     # validation problems, one GRPO seed
 
+`--base smollm2`: the pretrained SmolLM2-135M-Instruct (a LoRA, 2 torch threads) instead of the
+small from-scratch base; it adds `harness:lm` (the base's likelihood ranks the candidate edits) and
+the small base untrained beside it. The summary then names the columns the targets use:
+`untrained_tiny_pass`, `prompted_pass` (the base, no weight change), `lm_harness_pass`. Its costs
+on 2 cores are in docs/experiments/ (a GRPO step of 8 episodes ~5 minutes): its default size is a
+GPU job.
+
 RL is trained `--rl-seeds` times (default 3) from the one SFT checkpoint under recipe seeds 0..N-1
 (GRPO's task order and episode seeds), each evaluated on the same tasks and seeds; `rl_pass` and
 the paired RL differences pool them (per task, the mean over RL seeds), each seed is reported too,
@@ -365,15 +372,20 @@ def main(argv=None) -> int:
     rows = [{"task_id": b.task_id, "split": "train", "repo": b.repo, "issue_id": b.issue_id,
              "issue_title": b.issue_title, "issue_body": b.issue_body, "solution": b.files.get("solution.py")}
             for b in train]
+    tiny = None
     if a.base == "smollm2":
         from ratchet.policy.pretrained import build_pretrained_base
         base = build_pretrained_base(out / "base")
+        # the small from-scratch base beside it, untrained (`untrained_tiny`): what the pretrained
+        # weights add before any training
+        tiny = build_base_policy(out / "tiny-base", task_texts(rows, structured_tools(TOOL_SCHEMAS)))
     else:
         base = build_base_policy(out / "base", task_texts(rows, structured_tools(TOOL_SCHEMAS)))
     cpu["base_policy"] = cpu_now() - c
     rs = RecipeSettings(max_turns=a.max_turns)
     # the untrained policy reads the same view as the trained ones (no weights learn from it)
-    write_decoding(base, action_mask="structured", bounds=rs.grpo().bounds(), view=view)
+    for b_ in (base, *((tiny,) if tiny else ())):
+        write_decoding(b_, action_mask="structured", bounds=rs.grpo().bounds(), view=view)
     say(f"base_policy {base.name} built in {cpu['base_policy']:.0f} CPU s (train tasks only); view: "
         f"{'candidates in the prior order' if ordered else 'the environment order'}{', names no task' if hidden else ''}"
         f"{', calls name ranks' if rank_actions(view) else ', calls name env numbers'}")
@@ -467,6 +479,9 @@ def main(argv=None) -> int:
             ("prior", lambda: run_harness("prior", val, prior=prior, k=a.k, max_turns=a.max_turns, runtime=rt)),
             *((("lm", lambda: run_harness("lm", val, prior=None, k=a.k, max_turns=a.max_turns, runtime=rt,
                                           scorer=LMScorer(base))),) if a.base == "smollm2" else ()),
+            *((("untrained_tiny", lambda: run_embedded(tiny, val, max_turns=a.max_turns, max_tokens=rs.max_tokens,
+                                                       temperature=a.temperature, runtime=rt, seeds=seeds)),)
+              if tiny else ()),
             ("untrained", lambda: run_embedded(base, val, max_turns=a.max_turns, max_tokens=rs.max_tokens,
                                                temperature=a.temperature, runtime=rt, seeds=seeds, threads=threads)),
             ("sft", lambda: run_embedded(res.sft.checkpoint, val, max_turns=a.max_turns, max_tokens=rs.max_tokens,
@@ -490,7 +505,7 @@ def main(argv=None) -> int:
     (out / "per_task.json").write_text(json.dumps(per_task, indent=1, sort_keys=True))
     print()
     print(f"{'policy':<12}{'success':>9}{'95% CI':>16}{'first try':>11}{'95% CI':>16}{'n':>5}")
-    for k in ("untrained", "random", "sbfl", "prior", *(("lm",) if "lm" in results else ()), "sft", "rl"):
+    for k in (*(("untrained_tiny",) if "untrained_tiny" in results else ()), "untrained", "random", "sbfl", "prior", *(("lm",) if "lm" in results else ()), "sft", "rl"):
         r = results[k]
         ci = lambda v: f"[{v[0]:.2f}, {v[1]:.2f}]"   # noqa: E731
         print(f"{k:<12}{r['pass']:>9.3f}{ci(r['pass_ci']):>16}{r['first_try']:>11.3f}{ci(r['first_try_ci']):>16}{r['n']:>5}")
@@ -517,6 +532,11 @@ def main(argv=None) -> int:
         "bench": "learning", "mode": "quick" if a.quick else "default", "base": a.base, "threads": threads, **{f"{k}_pass": results[k]["pass"] for k in results},
         **{f"{k}_first_try": results[k]["first_try"] for k in results},
         **{f"{k}_pass_ci": results[k]["pass_ci"] for k in results},
+        # the names the targets are stated in: the base with no weight change, the lm harness, and the
+        # small from-scratch base untrained (the base itself when --base embedded)
+        "prompted_pass": results["untrained"]["pass"],
+        "untrained_tiny_pass": results.get("untrained_tiny", results["untrained"])["pass"],
+        **({"lm_harness_pass": results["lm"]["pass"]} if "lm" in results else {}),
         "train_cpu_min": round((cpu["sft"] + cpu["rl_max"]) / 60, 2), "settings": {**size, "rl_lr": a.rl_lr,
                                                                           "rl_beta": a.rl_beta, "sft_lr": a.sft_lr,
                                                                           "rl_updates_per_step": a.rl_updates_per_step, "rl_minibatches": a.rl_minibatches,
