@@ -87,7 +87,7 @@ def cmd_demo(args) -> int:
     from pipelines.demo import run_demo
 
     return run_demo(_home(args), quick=args.quick, tasks=args.tasks, eval_tasks=args.eval_tasks,
-                    train=not args.no_train, full=args.full, tasks_from=args.tasks_from)
+                    train=not args.no_train, full=args.full, tasks_from=args.tasks_from, base=args.base)
 
 
 def cmd_scorecard(args) -> int:
@@ -411,6 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "holdout tasks x 3 seeds, with the agents' logs of 600 tasks")
     s.add_argument("--no-train", action="store_true", help="skip the improvement cycle (training a candidate, "
                                                            "its evaluation and the promotion decision)")
+    s.add_argument("--base", choices=("embedded", "smollm2"), default="embedded",
+                   help="the candidate's base: the small from-scratch model (default), or the pretrained "
+                        "SmolLM2-135M-Instruct (a LoRA, every accepted row trains; sized for 2 cores: a smoke "
+                        "of the pipeline, ~2x the demo's time)")
     s.add_argument("--tasks-from", metavar="PATH", help="your own tasks beside the HumanEval suite: a folder of "
                                                         "Harbor task folders, or SWE-bench-style instances (a JSONL "
                                                         "with a repos/ folder); see docs/guides/own-tasks.md")

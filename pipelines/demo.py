@@ -45,6 +45,19 @@ QUICK_TRAIN = {
     "rl_checkpoint": {"config": {"steps": 1, "tasks_per_step": 1, "group_size": 2, "max_tokens": 24, "max_turns": 2,
                                  "task_limit": 2}}}
 QUICK_POLICY: dict = {}
+# `--base smollm2`: the candidate starts from the pretrained SmolLM2-135M-Instruct (a LoRA) and trains
+# on every accepted row, foreign formats included (sft_data "all"). Sized for 2 cores, where one GRPO
+# step of 8 episodes costs ~5 minutes and a learned policy's episode ~13 s
+# (docs/experiments/2026-12-05-pretrained-base-costs-traced.md): 16 SFT rows, one GRPO step, 8 holdout
+# tasks. A smoke of the pipeline, not a measure of what the base can learn (that is a GPU job).
+PRETRAINED_TRAIN = {
+    "base_policy": {"config": {"spec": "smollm2", "membership_tasks": 20}},
+    "sft_checkpoint": {"config": {"max_steps": 4, "batch_size": 4, "max_length": 2048, "learning_rate": 2e-4,
+                                  "threads": 2}},
+    "rl_checkpoint": {"config": {"steps": 1, "tasks_per_step": 2, "group_size": 4, "learning_rate": 1e-4,
+                                 "validation_tasks": 4}}}
+PRETRAINED_EVAL_TASKS = 8
+BASES = ("embedded", "smollm2")
 # Every in-process run logs to the console at INFO (what each step did, RL's per-step line);
 # Dagster's DEBUG events (step started, output yielded, ...) stay in the run logs: `ratchet ui`.
 CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
@@ -88,12 +101,14 @@ def prepare_landing(home, size: dict) -> dict:
 
 
 def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: int | None = None,
-             train: bool = True, full: bool = False, tasks_from: str | None = None) -> int:
+             train: bool = True, full: bool = False, tasks_from: str | None = None, base: str = "embedded") -> int:
     from dagster import DagsterInstance
 
     from assets.evaluation import run_evaluation
     from pipelines.definitions import defs
 
+    if base not in BASES:
+        raise ValueError(f"base must be one of {BASES}, got {base!r}")
     t0 = time.perf_counter()
     _say(f"RATCHET_HOME={home.root}")
     size = dict(QUICK if quick else REFERENCE if full else FULL)
@@ -134,7 +149,7 @@ def run_demo(home, quick: bool = False, tasks: int | None = None, eval_tasks: in
         if not ok:
             _say("the evaluation failed; see `ratchet ui` for the step logs")
             return 1
-        cycle = improvement_cycle(home, instance, defs, quick, n) if train else None
+        cycle = improvement_cycle(home, instance, defs, quick, n, base=base) if train else None
         if cycle is not None and not cycle["ok"]:
             _say(f"the improvement cycle failed ({cycle['runs']}); see `ratchet ui` for the step logs")
             return 1
@@ -206,7 +221,20 @@ def write_reference_scorecard(scorecard: str, command: str, results_dir: Path | 
     return path
 
 
-def improvement_cycle(home, instance, defs, quick: bool, n: int) -> dict | None:
+def candidate_ops(quick: bool, base: str) -> dict:
+    """The improvement cycle's run config per op: the small base's demo recipe, or the pretrained
+    base sized for 2 cores (PRETRAINED_TRAIN; quick: the quick recipe's step counts on it)."""
+    if base == "embedded":
+        return QUICK_TRAIN if quick else TRAIN
+    if not quick:
+        return PRETRAINED_TRAIN
+    return {"base_policy": {"config": {"spec": "smollm2", "membership_tasks": 2}},
+            "sft_checkpoint": {"config": {**QUICK_TRAIN["sft_checkpoint"]["config"], "learning_rate": 2e-4}},
+            "rl_checkpoint": {"config": {**QUICK_TRAIN["rl_checkpoint"]["config"], "learning_rate": 1e-4,
+                                         "validation_tasks": 1}}}
+
+
+def improvement_cycle(home, instance, defs, quick: bool, n: int, base: str = "embedded") -> dict | None:
     """One cycle through the schedule's request path: the tenant with the most consented, accepted
     train-split trajectories gets a candidate; the champion phase resumes the baselines' rows."""
     from pipelines.cycle import run_cycle
@@ -218,6 +246,13 @@ def improvement_cycle(home, instance, defs, quick: bool, n: int) -> dict | None:
         _say("no tenant has consented, accepted train-split trajectories: no candidate to train this time")
         return None
     tenant, n_rows = counts[0]["tenant_id"], counts[0]["n"]
+    if base != "embedded" and not quick:
+        n = min(n, PRETRAINED_EVAL_TASKS)
+        sft, rl = PRETRAINED_TRAIN["sft_checkpoint"]["config"], PRETRAINED_TRAIN["rl_checkpoint"]["config"]
+        _say(f"the candidate starts from the pretrained {base} base, sized for 2 cores: SFT {sft['max_steps']} steps of "
+             f"{sft['batch_size']} rows (every accepted row can train: foreign formats too), {rl['steps']} GRPO step of "
+             f"{rl['tasks_per_step']} x {rl['group_size']} episodes, {n} holdout tasks; a smoke of the pipeline, not a "
+             "measure of what the base learns (docs/training.md)")
     per_tenant = ", ".join(f"{r['tenant_id']} {r['n']} ({r['structured']} structured)" for r in counts)
     _say(f"improvement cycle: a candidate for tenant {tenant} ({n_rows} consented, accepted train-split "
          f"trajectories, {counts[0]['structured']} of them from the structured agent, the rows SFT uses; "
@@ -227,7 +262,7 @@ def improvement_cycle(home, instance, defs, quick: bool, n: int) -> dict | None:
     # quick: the smoke-sized candidate meets the champion on 1 task x 3 seeds (an embedded episode
     # is the slowest thing here)
     settings = CycleSettings(tenant=tenant, candidate="train", eval_task_limit=1 if quick else n, lifecycle=False,
-                             ops=QUICK_TRAIN if quick else TRAIN, policy_kwargs=QUICK_POLICY if quick else {})
+                             ops=candidate_ops(quick, base), policy_kwargs=QUICK_POLICY if quick else {})
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     quiet_libraries()   # the trainer's log dicts and weight-loading bars stay off the console
     # one demo candidate a day: a re-run resumes
@@ -263,7 +298,8 @@ def report(home, cycle: dict | None) -> None:
         _say("columns: " + "; ".join(f"{pid} = {what}" for pid, what in column_legend(home, cycle["candidate"]))
              + "; harness:* / scripted:* = the no-weights baselines")
         _say(f"the candidate was trained for {cycle.get('tenant')}; training data per tenant (consented, accepted, "
-             "train split; structured = the rows its SFT uses): " + ", ".join(
+             "train split; structured = every call one of the five structured tools, all the small base's SFT "
+             "takes): " + ", ".join(
                  f"{r['tenant_id']} {r['n']} ({r['structured']} structured)" for r in cycle.get("training_data") or ()))
         trained = sft_by_format(wh, cycle.get("tenant"))
         if trained:

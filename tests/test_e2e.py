@@ -46,7 +46,8 @@ def test_demo_then_two_scheduled_cycles(home, capsys):
     data = cycle["training_data"]
     assert data[0]["tenant_id"] == cycle["tenant"] and data[0]["n"] == cycle["training_trajectories"] == \
         max(r["n"] for r in data) and all(0 <= r["structured"] <= r["n"] for r in data)
-    assert f"training data per tenant (consented, accepted, train split; structured = the rows its SFT uses): " \
+    assert "training data per tenant (consented, accepted, train split; structured = every call one of the five " \
+           "structured tools, all the small base's SFT takes): " \
            f"{data[0]['tenant_id']} {data[0]['n']} ({data[0]['structured']} structured)" in out.err
     assert "promotion decision for embedded:" in out.err and "sft checkpoint" in out.err and "rl checkpoint" in out.err
     assert "ratchet ui" in out.err and "ratchet mlflow" in out.err and "ratchet query" in out.err
