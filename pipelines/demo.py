@@ -255,10 +255,12 @@ def improvement_cycle(home, instance, defs, quick: bool, n: int, base: str = "em
              "measure of what the base learns (docs/training.md)")
     per_tenant = ", ".join(f"{r['tenant_id']} {r['n']} ({r['structured']} structured)" for r in counts)
     _say(f"improvement cycle: a candidate for tenant {tenant} ({n_rows} consented, accepted train-split "
-         f"trajectories, {counts[0]['structured']} of them from the structured agent, the rows SFT uses; "
+         f"trajectories, {counts[0]['structured']} of them from the structured agent"
+         f"{', the rows SFT uses' if base == 'embedded' else '; every one can train from this base'}; "
          f"per tenant: {per_tenant}): base_policy -> SFT -> RL, "
          + (f"then the champion and the candidate on the same {n} holdout tasks x 3 seeds, then the promotion gates"
-            if not quick else "quick: a smoke-sized model, one RL step, 1 holdout task x 3 seeds, then the gates"))
+            if not quick else f"quick: {'a smoke-sized model, ' if base == 'embedded' else ''}one RL step, 1 holdout "
+                              "task x 3 seeds, then the gates"))
     # quick: the smoke-sized candidate meets the champion on 1 task x 3 seeds (an embedded episode
     # is the slowest thing here)
     settings = CycleSettings(tenant=tenant, candidate="train", eval_task_limit=1 if quick else n, lifecycle=False,
