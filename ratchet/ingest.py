@@ -254,7 +254,7 @@ def _ingest(files, skipped, paths, warehouse: Warehouse, opts: IngestOptions, pr
         per_file: dict[str, Counter] = {}
         for f, root in files:
             writer.per_file = per_file.setdefault(str(f), Counter())
-            attribution = {k: attributions[f].get(k) for k in ("tenant_id", "consent_id", "accepted")}
+            attribution = {k: attributions[f].get(k) for k in ("tenant_id", "consent_id", "accepted", "ended_at")}
             ctx = FileContext(f, attribution, max_bytes, reports, summary.batch_id, now)
             try:
                 st = check_regular(f)

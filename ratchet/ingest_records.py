@@ -90,6 +90,8 @@ def normalise_chunk(items: list, ctx: FileContext, nul_free: bool = False) -> Ch
                 if attribution.get("accepted") is not None and (outcome is None or (
                         isinstance(outcome, dict) and outcome.get("accepted") is None)):
                     native = {**native, "outcome": {**(outcome or {}), "accepted": attribution["accepted"]}}
+                if attribution.get("ended_at") and not native.get("started_at") and not native.get("ended_at"):
+                    native = {**native, "ended_at": attribution["ended_at"]}
                 row = normalise(native, fmt, allow_empty_messages=fmt == swebench.NAME,
                                 derive_ids=fmt in adapters.DERIVE_IDS, exported=exported)
             except RecordError as e:

@@ -182,6 +182,8 @@ def _values(r: Record, attribution: dict, source_format: str) -> tuple | None:
             except KeyError:
                 return None
     started, ended = _ts(r.started_at), _ts(r.ended_at)
+    if started is None and ended is None:   # the batch's `ended_at:` for a log with no timestamp
+        ended = _ts(attribution.get("ended_at"))
     if started and ended and ended < started:
         return None
     d, o, u, e = r.deliverable or _EMPTY_D, r.outcome or _EMPTY_O, r.usage or _EMPTY_U, r.environment or _EMPTY_E

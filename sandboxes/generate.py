@@ -369,8 +369,11 @@ def generate_foreign(out, n_tasks: int = 12, seed: int = 0, *, as_of: str = DEFA
     for fmt, _ in FOREIGN_FORMATS:
         for verdict in ("accepted", "failed"):
             (out / fmt / verdict).mkdir(parents=True, exist_ok=True)
+            # SWE-agent files carry no timestamps (consent would count them expired): the folder says
+            # the runs' day, as an export of a day's runs would
             (out / fmt / verdict / "_batch.yaml").write_text(
-                f"tenant_id: {tenant}\nconsent_id: {consent}\naccepted: {str(verdict == 'accepted').lower()}\n")
+                f"tenant_id: {tenant}\nconsent_id: {consent}\naccepted: {str(verdict == 'accepted').lower()}\n"
+                + (f"ended_at: {as_of_dt.date().isoformat()}\n" if fmt == "swe-agent" else ""))
     for i, b in enumerate(tasks):
         run = run_agent("shell", b, seed=seed * 100_003 + i, prior=Prior.from_counts({}), runtime=runtime)
         fmt, ext = FOREIGN_FORMATS[i % len(FOREIGN_FORMATS)]

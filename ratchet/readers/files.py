@@ -2,7 +2,8 @@
 O_NONBLOCK after a stat (a FIFO named `x.jsonl` must never block the ingest that holds the lock);
 every other folder entry becomes a `Skipped` with one reason. Also the batch sidecar
 (`_batch.yaml`) that attributes a folder's files to a tenant and consent, and may state their
-acceptance (`accepted: true` for a folder of reviewed, accepted runs)."""
+acceptance (`accepted: true` for a folder of reviewed, accepted runs) and when they ended
+(`ended_at:` for logs without timestamps, whose consent retention cannot be proven otherwise)."""
 from __future__ import annotations
 
 import errno
@@ -152,8 +153,10 @@ def discover(paths: list[str | os.PathLike]) -> tuple[list[tuple[Path, Path]], l
 
 def sidecar_for(file: Path, root: Path) -> dict:
     """Attribution from the nearest `_batch.yaml` between the file's folder and the input root:
-    tenant_id, consent_id and accepted (None where the sidecar says nothing). Foreign logs (SWE-agent
-    `.traj`, ATIF) carry no acceptance, and SFT trains only on accepted work: a curated folder says so."""
+    tenant_id, consent_id, accepted and ended_at (None where the sidecar says nothing). Foreign logs
+    (SWE-agent `.traj`, ATIF) carry no acceptance, and SFT trains only on accepted work: a curated
+    folder says so; SWE-agent files carry no timestamps either, and consent counts a record with
+    none as expired (its retention cannot be proven): the folder can say when its runs ended."""
     d = file.parent
     while True:
         s = d / SIDECAR
@@ -171,10 +174,28 @@ def sidecar_for(file: Path, root: Path) -> dict:
             accepted = data.get("accepted")
             if accepted is not None and not isinstance(accepted, bool):
                 raise ValueError(f"{s}: accepted must be true or false, got {accepted!r:.40}")
-            return out | {"accepted": accepted}
+            return out | {"accepted": accepted, "ended_at": _when(s, data.get("ended_at"))}
         if d == root or d.parent == d:
             return {}
         d = d.parent
+
+
+def _when(sidecar: Path, v) -> str | None:
+    """`ended_at: 2026-12-04` (midnight UTC) or a full timestamp, as ISO 8601 text."""
+    import datetime
+
+    if v is None:
+        return None
+    if isinstance(v, datetime.datetime):
+        return (v if v.tzinfo else v.replace(tzinfo=datetime.timezone.utc)).isoformat()
+    if isinstance(v, datetime.date):
+        return datetime.datetime(v.year, v.month, v.day, tzinfo=datetime.timezone.utc).isoformat()
+    if isinstance(v, str):
+        try:
+            return _when(sidecar, datetime.datetime.fromisoformat(v.replace("Z", "+00:00")))
+        except ValueError:
+            pass
+    raise ValueError(f"{sidecar}: ended_at must be a date or an ISO 8601 timestamp, got {v!r:.40}")
 
 
 def _text(sidecar: Path, key: str, v) -> str | None:

@@ -139,6 +139,34 @@ def test_sidecar_states_acceptance_for_logs_that_carry_none(tmp_path, wh):
         ingest([tmp_path], wh)
 
 
+def test_sidecar_says_when_runs_without_timestamps_ended(tmp_path, wh):
+    """SWE-agent files carry no timestamps, and consent counts such a record as expired; the
+    folder's `ended_at:` fills it (general and fast path), a record's own timestamps win."""
+    import datetime
+
+    from ratchet.synth import trajectory
+
+    d = tmp_path / "swe"
+    d.mkdir()
+    (d / "_batch.yaml").write_text("tenant_id: globex\nconsent_id: C-G\nended_at: 2026-12-01\n")
+    (d / "a.traj").write_text(json.dumps(samples.swe_agent_traj()))
+    (d / "s.json").write_text(json.dumps(samples.atif_traj()))
+    bare, own = trajectory(0, __import__("random").Random(0)), trajectory(1, __import__("random").Random(1))
+    bare["started_at"] = bare["ended_at"] = None
+    (d / "n.jsonl").write_bytes(orjson.dumps(bare) + b"\n" + orjson.dumps(own) + b"\n")
+    assert ingest([tmp_path], wh).accepted == 4
+    got = {r.trajectory_id: r.ended_at for r in _rows(wh).itertuples()}
+    midnight = datetime.datetime(2026, 12, 1, tzinfo=datetime.timezone.utc)
+    swe = _rows(wh, "source_format = 'swe_agent'").trajectory_id[0]
+    atif = _rows(wh, "source_format = 'atif'").trajectory_id[0]
+    assert got[swe] == midnight and got[bare["trajectory_id"]] == midnight
+    assert got[atif] != midnight and got[own["trajectory_id"]] == datetime.datetime.fromisoformat(
+        own["ended_at"].replace("Z", "+00:00"))
+    (d / "_batch.yaml").write_text("tenant_id: globex\nended_at: soon\n")
+    with pytest.raises(ValueError, match="ended_at must be a date or an ISO 8601 timestamp"):
+        ingest([tmp_path], wh)
+
+
 def test_parquet_export_reingests_as_duplicates(tmp_path, wh):
     from ratchet.synth import write_jsonl
 

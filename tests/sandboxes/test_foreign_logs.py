@@ -81,6 +81,9 @@ def test_generate_foreign_writes_both_formats_for_the_tenants_valid_grant(tmp_pa
     assert ingest([tmp_path / "land"], wh, IngestOptions(workers=1)).accepted == 2
     with wh.connect() as con:
         got = sorted(con.execute("SELECT source_format, tenant_id, consent_id, accepted FROM trajectories").fetchall())
+        # every record has a timestamp, so consent can judge its retention (SWE-agent's from the sidecar)
+        assert con.execute("SELECT count(*) FROM trajectories WHERE ended_at IS NULL AND started_at IS NULL").fetchone() \
+            == (0,)
     accepted = {"swe_agent": bool(out["accepted"]["swe-agent"]), "atif": bool(out["accepted"]["atif"])}
     assert got == [("atif", FOREIGN_TENANT, grant, accepted["atif"]),
                    ("swe_agent", FOREIGN_TENANT, grant, accepted["swe_agent"])]
