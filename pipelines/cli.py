@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--base", choices=("embedded", "smollm2"), default="embedded",
                    help="the candidate's base: the small from-scratch model (default), or the pretrained "
                         "SmolLM2-135M-Instruct (a LoRA, every accepted row trains; sized for 2 cores: a smoke "
-                        "of the pipeline, ~2x the demo's time)")
+                        "of the pipeline, ~3x the demo's time)")
     s.add_argument("--tasks-from", metavar="PATH", help="your own tasks beside the HumanEval suite: a folder of "
                                                         "Harbor task folders, or SWE-bench-style instances (a JSONL "
                                                         "with a repos/ folder); see docs/guides/own-tasks.md")
