@@ -1,6 +1,7 @@
 """Dedup bench: vectorised MinHash vs datasketch, and cluster+split at scale.
 
   .venv/bin/python bench/dedup.py [--docs 50000] [--baseline-docs 5000] [--cluster-n 1000000]
+                                 [--peak-1m] [--size-10m] [--cluster-only]
 
 1. Signatures/s on two corpora of --docs synthetic documents (~200 word 5-shingles each):
    "prompt-log" (headline): an agent prompt log, i.e. one of 6 scaffold templates (80 words of
@@ -15,7 +16,9 @@
    (stricter for us) and is reported as a rate; every baseline signature is compared with ours.
 2. End-to-end cluster (MinHash LSH + AST fingerprints + same repo/issue) and split of
    --cluster-n synthetic trajectories (near-duplicate prompt families, patches drawn from a
-   pool of mutated functions), wall time and peak RSS.
+   pool of mutated functions), wall time and peak RSS, each size in its own child process
+   (input generation included in the peak). --peak-1m: peak_mb_1m; --size-10m:
+   cluster_split_10m_s and peak_mb_10m.
 Prints a table, then one JSON line.
 """
 from __future__ import annotations
@@ -116,19 +119,72 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
+def _child(n: int) -> None:
+    """Generate n trajectories, cluster and split them; print timings and this process's peak."""
+    from ratchet.governance.clusters import build_clusters
+    from ratchet.governance.splits import assign_splits
+
+    t0 = time.perf_counter()
+    trajs = trajectories(n)
+    gen_s, gen_mb = time.perf_counter() - t0, peak_mb()
+    t0 = time.perf_counter()
+    clusters, edges = build_clusters(trajs, id_col="record_id", text_col="prompt_text", code_cols=("patch",))
+    t_cluster = time.perf_counter() - t0
+    slice_of = [t["slice"] for t in trajs]
+    del trajs
+    items = [{"id": i, "cluster_id": c, "slice": s} for i, c, s in
+             zip(clusters.column("id").to_pylist(), clusters.column("cluster_id").to_pylist(), slice_of)]
+    t1 = time.perf_counter()
+    split = assign_splits(items)
+    t_split = time.perf_counter() - t1
+    col = split.column("split").to_pylist()
+    print(json.dumps({"n": n, "gen_s": round(gen_s, 1), "gen_mb": round(gen_mb, 1), "cluster_s": round(t_cluster, 1),
+                      "split_s": round(t_split, 1), "total_s": round(t_cluster + t_split, 1),
+                      "clusters": len(set(clusters.column("cluster_id").to_pylist())), "edges": edges.num_rows,
+                      "splits": {s: col.count(s) for s in ("train", "val", "holdout")}}))
+
+
+def cluster_split(n: int) -> dict:
+    """Cluster + split of n synthetic trajectories in a fresh child process, so the peak RSS is
+    that work's alone (input generation included) and not the signature bench's."""
+    import subprocess
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    proc = subprocess.run([sys.executable, __file__, "--_child", str(n)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cluster+split child failed for n={n}:\n{proc.stderr[-4000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    # RUSAGE_CHILDREN is the largest child so far; run sizes in increasing order (as main does)
+    res["peak_mb"] = round(after / 1024.0, 1)
+    if after == before and before:
+        res["peak_mb_note"] = "not above an earlier child's peak"
+    return res
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--docs", type=int, default=50_000)
     ap.add_argument("--baseline-docs", type=int, default=5_000)
-    ap.add_argument("--cluster-n", type=int, default=1_000_000)
+    ap.add_argument("--cluster-n", type=int, default=1_000_000,
+                    help="cluster+split size for cluster_split_1m_s (0 skips it)")
+    ap.add_argument("--peak-1m", action="store_true", help="also report peak_mb_1m (1M trajectories, child process)")
+    ap.add_argument("--size-10m", action="store_true",
+                    help="also report cluster_split_10m_s and peak_mb_10m (10M trajectories: tens of minutes)")
+    ap.add_argument("--cluster-only", action="store_true", help="skip the signature-throughput part")
+    ap.add_argument("--_child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backend", choices=("c", "duckdb"), default=None,
                     help="where SHA-1 runs (default: the C extension when built, else DuckDB)")
     args = ap.parse_args(argv)
+    if args._child is not None:
+        _child(args._child)
+        return {}
+    if args.peak_1m:
+        args.cluster_n = 1_000_000  # one 1M child gives cluster_split_1m_s and peak_mb_1m
 
     from datasketch import MinHash
 
-    from ratchet.governance.clusters import build_clusters
     from ratchet.governance import minhash
     from ratchet.governance.minhash import shingles
 
@@ -137,7 +193,6 @@ def main(argv=None) -> dict:
 
     def signatures(texts, threads):
         return minhash.signatures(texts, threads=threads, backend=backend)
-    from ratchet.governance.splits import assign_splits
 
     def measure(texts):
         nb = min(args.baseline_docs, args.docs)
@@ -166,27 +221,13 @@ def main(argv=None) -> dict:
                 "ours_per_s": ours_per_s, "one_per_s": one_per_s, "identical": identical,
                 "base_cpu": base_cpu, "one_cpu": one_cpu}
 
-    res = {name: measure(gen(args.docs)) for name, gen in (("prompt-log", prompt_corpus), ("uniform", corpus))}
-    r = res["prompt-log"]
-    base_per_s, ours_per_s, identical = r["base_per_s"], r["ours_per_s"], r["identical"]
+    res = {} if args.cluster_only else {
+        name: measure(gen(args.docs)) for name, gen in (("prompt-log", prompt_corpus), ("uniform", corpus))}
 
     cn = args.cluster_n
-    t0 = time.perf_counter()
-    trajs = trajectories(cn)
-    gen_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    clusters, edges = build_clusters(trajs, id_col="record_id", text_col="prompt_text", code_cols=("patch",))
-    t_cluster = time.perf_counter() - t0
-    slice_of = [t["slice"] for t in trajs]
-    del trajs
-    items = [{"id": i, "cluster_id": c, "slice": s} for i, c, s in
-             zip(clusters.column("id").to_pylist(), clusters.column("cluster_id").to_pylist(), slice_of)]
-    t1 = time.perf_counter()
-    split = assign_splits(items)
-    t_split = time.perf_counter() - t1
-    total = t_cluster + t_split
-    n_clusters = len(set(clusters.column("cluster_id").to_pylist()))
-    counts = {s: split.column("split").to_pylist().count(s) for s in ("train", "val", "holdout")}
+    cs = cluster_split(cn) if cn else None
+    at_1m = cs if args.peak_1m else None
+    at_10m = cluster_split(10_000_000) if args.size_10m else None
 
     rows = []
     for name, r in res.items():
@@ -201,18 +242,27 @@ def main(argv=None) -> dict:
                                         f"{r['one_cpu'] / r['base_cpu']:.1f}x (process CPU time: robust to other load)"),
             (f"[{name}] identical", f"{r['identical']} ({r['nb']} signatures x 128 values compared)"),
         ]
+    for r in (cs, at_10m):
+        if r:
+            rows += [
+                (f"cluster+split {r['n']:,}", f"cluster {r['cluster_s']:.1f} s + split {r['split_s']:.1f} s = "
+                                             f"{r['total_s']:.1f} s (generation {r['gen_s']:.1f} s not counted)"),
+                (f"  clusters / edges", f"{r['clusters']:,} clusters, {r['edges']:,} edges; splits {r['splits']}"),
+                (f"  peak RSS (child)", f"{r['peak_mb']:,.0f} MB ({r['gen_mb']:,.0f} MB after generating the input)"),
+            ]
     rows += [
-        ("cluster+split", f"{cn:,} trajectories: cluster {t_cluster:.1f} s + split {t_split:.1f} s = {total:.1f} s "
-                          f"(generation {gen_s:.1f} s not counted)"),
-        ("clusters / edges", f"{n_clusters:,} clusters, {edges.num_rows:,} edges; splits {counts}"),
-        ("peak RSS", f"{peak_mb():,.0f} MB"),
+        ("peak RSS (bench process)", f"{peak_mb():,.0f} MB"),
         ("cpus", f"{os.cpu_count()} (shared with other work: timings are noisy)"),
         ("SHA-1 backend", hash_impl),
     ]
     w = max(len(r[0]) for r in rows)
     for k, v in rows:
         print(f"{k:<{w}}  {v}")
-    out = {"bench": "dedup", "docs": args.docs, "corpus": "prompt-log", "threads": args.threads, "hash_backend": hash_impl,
+    out = {"bench": "dedup", "hash_backend": hash_impl, "peak_mb": round(peak_mb(), 1)}
+    if res:
+        r = res["prompt-log"]
+        base_per_s, ours_per_s, identical = r["base_per_s"], r["ours_per_s"], r["identical"]
+        out.update({"docs": args.docs, "corpus": "prompt-log", "threads": args.threads, "hash_backend": hash_impl,
            "ours_per_s": round(ours_per_s, 1), "ours_1thread_per_s": round(res["prompt-log"]["one_per_s"], 1),
            "baseline": "datasketch.MinHash.update_batch", "baseline_per_s": round(base_per_s, 1),
            "ratio": round(ours_per_s / base_per_s, 2), "ratio_1thread": round(res["prompt-log"]["one_per_s"] / base_per_s, 2),
@@ -221,8 +271,14 @@ def main(argv=None) -> dict:
            "uniform": {"ours_per_s": round(res["uniform"]["ours_per_s"], 1),
                        "baseline_per_s": round(res["uniform"]["base_per_s"], 1),
                        "ratio": round(res["uniform"]["ours_per_s"] / res["uniform"]["base_per_s"], 2),
-                       "ratio_cpu_1thread": round(res["uniform"]["one_cpu"] / res["uniform"]["base_cpu"], 2)},
-           "cluster_split_n": cn, "cluster_split_1m_s": round(total * 1_000_000 / cn, 1), "peak_mb": round(peak_mb(), 1)}
+                       "ratio_cpu_1thread": round(res["uniform"]["one_cpu"] / res["uniform"]["base_cpu"], 2)}})
+    if cs:
+        out.update({"cluster_split_n": cn, "cluster_split_1m_s": round(cs["total_s"] * 1_000_000 / cn, 1),
+                    "cluster_split_peak_mb": cs["peak_mb"]})
+    if at_1m:
+        out["peak_mb_1m"] = at_1m["peak_mb"]
+    if at_10m:
+        out.update({"cluster_split_10m_s": round(at_10m["total_s"], 1), "peak_mb_10m": at_10m["peak_mb"]})
     print(json.dumps(out))
     return out
 

@@ -109,7 +109,8 @@ def ast_edges(
         sigs = signatures(docs, num_perm=num_perm, seed=seed, k=1)
         cand_threshold = max(0.05, astfp.SUBTREE_JACCARD - 0.15)  # recall first; verified below
         seen = set()
-        for a, b, _ in lsh_pairs([f"{j:09d}" for j in range(len(entries))], sigs, threshold=cand_threshold, seed=seed):
+        for a, b, _ in lsh_pairs([f"{j:09d}" for j in range(len(entries))], sigs, threshold=cand_threshold, seed=seed,
+                                 backend="memory"):  # one entry per distinct code shape: small
             fa, fb = entries[int(a)], entries[int(b)]
             hit = astfp.collide(fa, fb)
             if hit and hit[0] == "subtree":
@@ -156,13 +157,15 @@ def build_clusters(
     k: int = DEFAULT_SHINGLE,
     spanning: bool = True,
     signatures_out: dict | None = None,
+    lsh_backend: str = "duckdb",
 ):
     """Cluster items (trajectories, or tasks with id_col="task_id", text_col="issue",
     code_cols=("solution",)). key_cols maps column -> edge reason, default
     {"repo": "same_repo", "issue_id": "same_issue"}. Returns (dedup_clusters, dedup_edges)
     as pyarrow Tables. `spanning=True` keeps only the MinHash pairs needed for connectivity
     (see minhash.lsh_pairs); set False to list every near-duplicate pair.
-    If `signatures_out` is a dict, the computed signatures are stored under "sigs"."""
+    If `signatures_out` is a dict, the computed signatures are stored under "sigs".
+    `lsh_backend` is minhash.lsh_pairs's backend ("duckdb", out of core, or "memory")."""
     import pyarrow as pa
 
     ids = [str(x) for x in column(items, id_col)]
@@ -175,7 +178,8 @@ def build_clusters(
         # texts without a shingle all carry the same "empty" signature; they are not duplicates
         has_text = np.asarray([i for i, t in enumerate(texts) if t and t.strip()], dtype=np.int64)
         sub_ids = [ids[i] for i in has_text]
-        edges.extend((a, b, "minhash", s) for a, b, s in lsh_pairs(sub_ids, sigs[has_text], threshold, seed, spanning=spanning))
+        edges.extend((a, b, "minhash", s) for a, b, s in lsh_pairs(sub_ids, sigs[has_text], threshold, seed,
+                                                                         spanning=spanning, backend=lsh_backend))
     for col in code_cols:
         edges.extend(ast_edges(ids, fingerprints(column(items, col)), seed=seed, num_perm=num_perm))
     for col, reason in (key_cols if key_cols is not None else {"repo": "same_repo", "issue_id": "same_issue"}).items():

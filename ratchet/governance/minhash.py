@@ -24,7 +24,9 @@ occurrences template boilerplate) exact per-chunk dedup (DuckDB group-by/join, p
 dictionary_encode) costs as much as or more than the SHA-1 it saves, and a 64-bit-hash dedup is
 not exact.
 Identity with datasketch is asserted in tests/governance (all three schemes) and in the bench (default).
-LSH candidate search stays with `datasketch.MinHashLSH` (see `lsh_pairs`).
+LSH candidate search (`lsh_pairs`) runs out of core by default (ratchet/governance/lsh_index.py:
+band keys grouped by DuckDB, which spills to disk); backend="memory" uses `datasketch.MinHashLSH`.
+Both give the same candidates and the same connected components.
 """
 from __future__ import annotations
 
@@ -263,10 +265,11 @@ def signatures(
         raise RuntimeError("hash backend 'c' requested but ratchet.governance._sha1batch is not built")
     if scheme not in ("affine32", "affine64", "legacy"):
         raise ValueError(f"unknown MinHash scheme {scheme!r}")
-    norm = [normalise(t) for t in texts]
+    texts = texts if isinstance(texts, Sequence) else list(texts)
     a, b = permutations(num_perm, seed, scheme)
     threads = threads or min(2, os.cpu_count() or 1)
-    chunks = [norm[i : i + chunk_docs] for i in range(0, len(norm), chunk_docs)]
+    # normalised per chunk: a normalised copy of all texts at once cost ~0.9 GB at 1M prompts
+    chunks = [texts[i : i + chunk_docs] for i in range(0, len(texts), chunk_docs)]
     if not chunks:
         return np.zeros((0, num_perm), dtype=np.uint32 if scheme == "affine32" else np.uint64)
     root = None
@@ -277,6 +280,7 @@ def signatures(
         root.execute("set threads=1")
 
     def run(chunk):
+        chunk = [normalise(t) for t in chunk]
         if root is None:
             return _signature_chunk(None, chunk, k, a, b, scheme)
         con = root.cursor()  # one cursor per call: DuckDB cursors are not shared across threads
@@ -309,11 +313,21 @@ def lsh_pairs(
     seed: int = DEFAULT_SEED,
     scheme: str = DEFAULT_SCHEME,
     spanning: bool = False,
+    backend: str = "duckdb",
 ) -> list[tuple[str, str, float]]:
-    """Candidate pairs from `datasketch.MinHashLSH`, kept when the estimated Jaccard >= threshold.
-    Returns (a, b, score) with a < b. With `spanning=True` a pair whose ends are already
-    connected by earlier pairs is not verified or returned: enough to build the same clusters,
-    and it keeps big near-duplicate families from emitting O(n^2) edges."""
+    """Candidate pairs of MinHash LSH (datasketch's (b, r) for `threshold`), kept when the
+    estimated Jaccard >= threshold. Returns (a, b, score) with a < b. With `spanning=True` a pair
+    whose ends are already connected by earlier pairs is not returned: enough to build the same
+    clusters, and it keeps big near-duplicate families from emitting O(n^2) edges (which pairs
+    are kept then depends on the backend; the components do not). backend "duckdb" (default)
+    groups band keys out of core (lsh_index); "memory" uses `datasketch.MinHashLSH`, whose index
+    holds every band of every row in Python objects (~6 GB at 1M rows)."""
+    if backend == "duckdb":
+        from .lsh_index import lsh_pairs_ooc
+
+        return lsh_pairs_ooc(ids, sigs, threshold, spanning=spanning)
+    if backend != "memory":
+        raise ValueError(f"unknown LSH backend {backend!r} (expected 'duckdb' or 'memory')")
     from datasketch import LeanMinHash, MinHashLSH
 
     n, num_perm = sigs.shape
