@@ -75,7 +75,10 @@ SPECS: dict[str, BenchSpec] = {
         "MinHash signatures per second, and cluster + split of 1M trajectories",
         ("ours_per_s", "documents/s"),
         (Target("ratio", ">=", 10, "signatures >= 10x datasketch"),
-         Target("cluster_split_1m_s", "<", 600, "cluster + split of 1M trajectories < 10 min")),
+         Target("cluster_split_1m_s", "<", 600, "cluster + split of 1M trajectories < 10 min"),
+         Target("peak_mb_1m", "<=", 2000, "cluster + split of 1M trajectories within 2 GB (--peak-1m)"),
+         Target("cluster_split_10m_s", "<=", 1800, "cluster + split of 10M trajectories within 30 min (--size-10m)"),
+         Target("peak_mb_10m", "<=", 4000, "cluster + split of 10M trajectories within 4 GB (--size-10m)")),
         "ours / datasketch"),
     "eval": BenchSpec(
         "locked-holdout evaluation, 400 tasks x 3 seeds on the machine's cores, real path",
