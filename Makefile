@@ -80,9 +80,13 @@ validate: install
 # docs/results/mutation.jsonl and the results page (ratchet/mutation.py). Exit code 0 even with
 # survivors. String mutations are off: they change messages, not behaviour, and mutmut 2.5.1
 # crashes on a multi-line f-string ("Attribute Mutant.line is required") and then hangs.
+# The cache carries over between runs: a killed mutant whose line is unchanged is not run again,
+# survivors are run again when the tests changed, so a stopped run resumes.
+# MUTATION_FRESH=1 starts from nothing.
 MUT_DIR ?= $(RATCHET_HOME)/mutation
 MUTATION_TARGETS ?= verifiers governance ingest
 MUTATION_SELECT ?= calls
+MUTATION_FRESH ?= 0
 MUT_PYTEST := $(abspath $(PY)) -m pytest -x -q -p no:cacheprovider -m 'not slow' --timeout 300
 mut_paths_verifiers := sandboxes/verifiers/
 mut_tests_verifiers := tests/sandboxes/test_verifiers.py
@@ -94,8 +98,11 @@ mut_tests_ingest := tests/ingest --ignore=tests/ingest/test_assets.py --ignore=t
 MUT_START := $(shell date +%s)
 mutation: $(VENV)/.installed
 	$(PIP) install -q -e '.[dev]'
+	rm -f $(MUT_DIR).prev-cache
+	if [ "$(MUTATION_FRESH)" != 1 ] && [ -f $(MUT_DIR)/.mutmut-cache ]; then cp $(MUT_DIR)/.mutmut-cache $(MUT_DIR).prev-cache; fi
 	rm -rf $(MUT_DIR) && mkdir -p $(MUT_DIR)
 	git ls-files -co --exclude-standard -z | xargs -0 tar -cf - | tar -xf - -C $(MUT_DIR)
+	if [ -f $(MUT_DIR).prev-cache ]; then mv $(MUT_DIR).prev-cache $(MUT_DIR)/.mutmut-cache; fi
 	cp ratchet/governance/*.so $(MUT_DIR)/ratchet/governance/ 2>/dev/null || true
 	printf 'from ratchet.mutation import pre_mutation  # noqa: F401\n' > $(MUT_DIR)/mutmut_config.py
 	cd $(MUT_DIR) && for t in $(MUTATION_TARGETS); do \

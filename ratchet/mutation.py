@@ -270,12 +270,68 @@ def merge_caches(paths: list[Path]) -> dict:
             "baseline": "every mutant killed", "ratio": round(total["killed"] / tested, 4) if tested else None}
 
 
+def seed_cache(paths: list[Path], out: Path) -> dict:
+    """A cache for a new run that keeps earlier verdicts: every file's mutants from the cache that
+    tested most of them (one version of a file, as in `merge_caches`). mutmut matches them by file,
+    line text and index, so a killed mutant is not run again while a changed line gets new
+    mutants; a survivor is run again whenever the tests changed (mutmut hashes the tests folder)."""
+    best: dict[str, tuple[int, Path]] = {}
+    for p in paths:
+        for f, c in read_cache(p)["files"].items():
+            tested = c["mutants"] - c["untested"]
+            if f not in best or tested > best[f][0]:
+                best[f] = (tested, p)
+    out.unlink(missing_ok=True)
+    con = sqlite3.connect(out)
+    try:
+        src = sqlite3.connect(f"file:{paths[0]}?mode=ro", uri=True)
+        for (sql,) in src.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"):
+            con.execute(sql)
+        src.close()
+        # mutmut drops a cache whose schema version it does not find; the baseline time it keeps
+        # only while the tests' hash matches
+        con.execute("ATTACH ? AS old", (str(paths[0]),))
+        con.execute("INSERT INTO MiscData SELECT * FROM old.MiscData")
+        con.commit()
+        con.execute("DETACH old")
+        kept = 0
+        for f, (_, p) in sorted(best.items()):
+            con.execute("ATTACH ? AS old", (str(p),))
+            fid_old, h = con.execute("SELECT id, hash FROM old.SourceFile WHERE filename = ?", (f,)).fetchone()
+            fid = con.execute("INSERT INTO SourceFile (filename, hash) VALUES (?, ?)", (f, h)).lastrowid
+            for lid_old, text, num in con.execute("SELECT id, line, line_number FROM old.Line WHERE sourcefile = ?",
+                                                  (fid_old,)).fetchall():
+                lid = con.execute("INSERT INTO Line (sourcefile, line, line_number) VALUES (?, ?, ?)",
+                                  (fid, text, num)).lastrowid
+                kept += con.execute('INSERT INTO Mutant (line, "index", tested_against_hash, status) '
+                                    'SELECT ?, "index", tested_against_hash, status FROM old.Mutant WHERE line = ?',
+                                    (lid, lid_old)).rowcount
+            con.commit()
+            con.execute("DETACH old")
+    finally:
+        con.close()
+    return {"files": len(best), "mutants": kept}
+
+
 def main(argv: list[str] | None = None) -> int:
     from ratchet import results
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["map"]:
         return map_main(argv[1:])
+    if argv[:1] == ["seed"]:
+        ap = argparse.ArgumentParser(prog="ratchet.mutation seed",
+                                     description="start a mutmut cache from earlier runs' verdicts")
+        ap.add_argument("--cache", required=True, action="append", help="an earlier run's .mutmut-cache (repeatable)")
+        ap.add_argument("--out", required=True, help="the new run's .mutmut-cache")
+        a = ap.parse_args(argv[1:])
+        try:
+            n = seed_cache([Path(c) for c in a.cache], Path(a.out))
+        except (FileNotFoundError, sqlite3.Error) as e:
+            print(f"ratchet.mutation seed: {e}", file=sys.stderr)
+            return 2
+        print(f"mutation: {n['mutants']} earlier verdicts kept ({n['files']} files) -> {a.out}", file=sys.stderr)
+        return 0
 
     ap = argparse.ArgumentParser(description="record mutmut's results on the results page")
     ap.add_argument("--cache", required=True, action="append",

@@ -3,6 +3,9 @@ results page is a pure function of the recorded lines."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 from datetime import datetime, timezone
 
 from pipelines.cli import _bench_recorded, main
@@ -122,3 +125,46 @@ def test_mutation_results_come_from_mutmuts_cache(tmp_path):
     assert "- 2: `ratchet/governance/holdout.py:10` `if left or entered:`" in page
     assert "mutmut over governance" in page
     assert mutation.main(["--cache", str(tmp_path / "none"), "--label", "x", "--results-dir", str(tmp_path)]) == 2
+
+
+def test_a_seeded_mutation_run_does_not_rerun_killed_mutants(tmp_path):
+    """`make mutation` keeps its cache between runs (`ratchet.mutation seed`): mutmut, run for real
+    on a small module, kills its mutants once; a second run in a fresh copy seeded from the first
+    cache runs none of them again, and a changed line gets its mutants run."""
+    import shutil
+    import subprocess
+    import sys
+
+    from ratchet import mutation
+
+    mutmut = Path(sys.executable).parent / "mutmut"
+    if not mutmut.exists():
+        pytest.skip("mutmut is in the dev extra: pip install -e '.[dev]'")
+
+    def run(folder: Path, cache_from: Path | None = None) -> int:
+        if cache_from is not None:
+            assert mutation.main(["seed", "--cache", str(cache_from), "--out", str(folder / ".mutmut-cache")]) == 0
+        log = folder / "runs.log"
+        runner = f"{sys.executable} -c \"open('runs.log','a').write('x');import m;assert m.f(1)==2 and m.f(5)==6 and m.g(3)==6\""
+        subprocess.run([str(mutmut), "run", "--paths-to-mutate", "m.py", "--runner", runner, "--tests-dir", ".",
+                        "--simple-output", "--no-progress", "--CI"], cwd=folder, capture_output=True, check=False)
+        return len(log.read_text()) if log.exists() else 0
+
+    first = tmp_path / "a"
+    first.mkdir()
+    (first / "m.py").write_text("def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x * 2\n")
+    runs_first = run(first)
+    res = mutation.read_cache(first / ".mutmut-cache")
+    assert res["killed"] >= 2 and res["untested"] == 0 and runs_first >= res["killed"] + 1
+
+    second = tmp_path / "b"
+    second.mkdir()
+    shutil.copy(first / "m.py", second / "m.py")
+    assert run(second, first / ".mutmut-cache") <= 1          # the baseline run at most
+    assert mutation.read_cache(second / ".mutmut-cache")["killed"] == res["killed"]
+
+    third = tmp_path / "c"
+    third.mkdir()
+    (third / "m.py").write_text("def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x + x\n")
+    runs_third = run(third, first / ".mutmut-cache")
+    assert 1 <= runs_third < runs_first                       # the new line's mutants only
