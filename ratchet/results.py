@@ -80,6 +80,11 @@ SPECS: dict[str, BenchSpec] = {
          Target("cluster_split_10m_s", "<=", 1800, "cluster + split of 10M trajectories within 30 min (--size-10m)"),
          Target("peak_mb_10m", "<=", 4000, "cluster + split of 10M trajectories within 4 GB (--size-10m)")),
         "ours / datasketch"),
+    "envserver": BenchSpec(
+        "episodes/s of the same scripted true fixes through the HTTP environment service vs in-process RepairEnv",
+        ("service_eps_per_s_16", "episodes/s at 16 clients"),
+        (Target("ratio", ">=", 0.8, "service >= 0.8 of in-process throughput at 16 clients"),),
+        "service / in-process"),
     "eval": BenchSpec(
         "locked-holdout evaluation, 400 tasks x 3 seeds on the machine's cores, real path",
         ("wall_s_400x3", "s for 400 x 3 episodes"),
