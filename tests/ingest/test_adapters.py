@@ -176,3 +176,24 @@ def test_parquet_export_reingests_as_duplicates(tmp_path, wh):
         con.execute(f"COPY (SELECT * FROM trajectories) TO '{tmp_path / 'export.parquet'}' (FORMAT parquet)")
     s = ingest([tmp_path / "export.parquet"], wh)
     assert (s.read, s.accepted, s.duplicates) == (30, 0, 30)  # same content, same ids
+
+
+def test_a_records_own_tenant_and_consent_win_over_the_folders(tmp_path, wh):
+    """A folder's `_batch.yaml` fills attribution a record lacks and never overrides one it has,
+    on the fast path (JSONL lines of the native contract) and the general one (a JSON array file)."""
+    from ratchet.synth import trajectory
+
+    d = tmp_path / "landing"
+    d.mkdir()
+    (d / "_batch.yaml").write_text("tenant_id: globex\nconsent_id: C-G\n")
+    recs = [trajectory(i, __import__("random").Random(i)) for i in range(4)]
+    for r in recs:
+        r["tenant_id"], r["consent_id"] = "acme", "C-A"
+    recs[1]["tenant_id"] = recs[1]["consent_id"] = None
+    recs[3]["tenant_id"] = recs[3]["consent_id"] = None
+    (d / "lines.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs[:2]))
+    (d / "array.json").write_bytes(orjson.dumps(recs[2:]))
+    assert ingest([d], wh).accepted == 4
+    got = {r.trajectory_id: (r.tenant_id, r.consent_id) for r in _rows(wh).itertuples()}
+    assert got == {recs[0]["trajectory_id"]: ("acme", "C-A"), recs[1]["trajectory_id"]: ("globex", "C-G"),
+                   recs[2]["trajectory_id"]: ("acme", "C-A"), recs[3]["trajectory_id"]: ("globex", "C-G")}
