@@ -40,8 +40,12 @@ class DedupConfig(dg.Config):
         kinds={"duckdb"}, deps=["tasks", "trajectories"],
         description="Why each pair of items was joined (reason, score): the evidence behind dedup_clusters.")])
 def dedup_clusters(context: dg.AssetExecutionContext, config: DedupConfig, warehouse: WarehouseResource):
+    import os
+    import tempfile
     import time
     from collections import Counter
+
+    import pyarrow.parquet as pq
 
     from ratchet.clock import now_utc
     from ratchet.governance.clusters import build_clusters
@@ -59,10 +63,19 @@ def dedup_clusters(context: dg.AssetExecutionContext, config: DedupConfig, wareh
         raise ValueError(f"dedup threshold {config.threshold} must be in (0, 0.98]: MinHash LSH over 128 "
                          f"permutations cannot form two bands above 0.98")
     store = warehouse.store()
-    items = store.arrow(ITEMS_SQL)
     t0 = time.monotonic()
-    clusters, edges = build_clusters(items, id_col="id", text_col="text", code_cols=("code",),
-                                     key_cols=CLUSTER_KEYS, threshold=config.threshold)
+    tmp_base = os.environ.get("RATCHET_DEDUP_TMP") or None
+    if tmp_base:
+        os.makedirs(tmp_base, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ratchet-dedup-", dir=tmp_base) as tmp:
+        # the items go to Parquet and build_clusters streams them back in batches: text is never
+        # in memory whole, and the warehouse lock is held only for the copy
+        path = os.path.join(tmp, "items.parquet")
+        with store.connect() as con:
+            con.execute(f"COPY ({ITEMS_SQL}) TO '{path.replace(chr(39), chr(39) * 2)}' (FORMAT parquet, ROW_GROUP_SIZE 16384)")
+        clusters, edges = build_clusters(path, id_col="id", text_col="text", code_cols=("code",),
+                                         key_cols=CLUSTER_KEYS, threshold=config.threshold)
+        items = pq.read_table(path, columns=["id", "kind"])
     seconds = time.monotonic() - t0
     now = now_utc()
     rows = cluster_rows(clusters, items, now, context.run_id)

@@ -92,9 +92,10 @@ def random_function(rng: random.Random, name: str) -> str:
     return f"def {name}(xs, n):\n" + "\n".join(body) + "\n    return x\n"
 
 
-def trajectories(n: int, seed: int = 0) -> list[dict]:
-    """n trajectories over n/50 tasks; prompts of one task differ in a word; every run of a task
-    ends in the task's patch (a structurally random function), so ~n/50 distinct patches."""
+def trajectory_batches(n: int, seed: int = 0, batch: int = 10_000):
+    """n trajectories over n/50 tasks, as lists of dicts of at most `batch` rows; prompts of one
+    task differ in a word; every run of a task ends in the task's patch (a structurally random
+    function), so ~n/50 distinct patches."""
     rng = random.Random(seed)
     n_tasks = max(1, n // 50)
     words = [f"t{i}" for i in range(20_000)]
@@ -112,45 +113,124 @@ def trajectories(n: int, seed: int = 0) -> list[dict]:
         patch = f"--- a/{tid}.py\n+++ b/{tid}.py\n@@ -1,10 +1,10 @@\n" + "\n".join("+" + ln for ln in code.splitlines())
         out.append({"record_id": f"r{i:08d}", "task_id": tid, "repo": repo, "issue_id": issue_id,
                     "prompt_text": SYSTEM + " " + " ".join(w), "patch": patch, "slice": name})
-    return out
+        if len(out) == batch:
+            yield out
+            out = []
+    if out:
+        yield out
+
+
+def trajectories(n: int, seed: int = 0) -> list[dict]:
+    return [t for b in trajectory_batches(n, seed) for t in b]
+
+
+def write_trajectories(n: int, path: str, seed: int = 0) -> None:
+    """The same trajectories written to Parquet batch by batch: the input lives on disk, as the
+    warehouse table does for the dedup asset, which streams it into build_clusters."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer = None
+    for rows in trajectory_batches(n, seed):
+        tbl = pa.Table.from_pylist(rows)
+        writer = writer or pq.ParquetWriter(path, tbl.schema)
+        writer.write_table(tbl)
+    if writer:
+        writer.close()
 
 
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
-def _child(n: int) -> None:
-    """Generate n trajectories, cluster and split them; print timings and this process's peak."""
-    from ratchet.governance.clusters import build_clusters
+def _child(n: int, phases: bool = False) -> None:
+    """Generate n trajectories to a Parquet file, cluster them (streamed from that file, as the
+    dedup asset streams its warehouse query) and split them; print timings and this process's
+    peak. With `phases`, also the peak RSS of each phase (sampled every 20 ms)."""
+    import tempfile
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from ratchet.governance import clusters as cl
     from ratchet.governance.splits import assign_splits
 
-    t0 = time.perf_counter()
-    trajs = trajectories(n)
-    gen_s, gen_mb = time.perf_counter() - t0, peak_mb()
-    t0 = time.perf_counter()
-    clusters, edges = build_clusters(trajs, id_col="record_id", text_col="prompt_text", code_cols=("patch",))
-    t_cluster = time.perf_counter() - t0
-    slice_of = [t["slice"] for t in trajs]
-    del trajs
+    phase = {"name": "generate", "peak": {}}
+    if phases:
+        def rss_mb() -> float:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+        def sample():
+            while True:
+                p = phase["name"]
+                phase["peak"][p] = max(phase["peak"].get(p, 0.0), rss_mb())
+                time.sleep(0.02)
+
+        threading.Thread(target=sample, daemon=True).start()
+        from ratchet.governance import lsh_index
+
+        def mark(mod, fn, name):
+            f = getattr(mod, fn)
+
+            def inner(*a, **kw):
+                prev, phase["name"] = phase["name"], name
+                try:
+                    return f(*a, **kw)
+                finally:
+                    phase["name"] = prev
+            setattr(mod, fn, inner)
+
+        def mark_gen(mod, fn, name, after):
+            f = getattr(mod, fn)
+
+            def inner(*a, **kw):
+                phase["name"] = name
+                yield from f(*a, **kw)
+                phase["name"] = after
+            setattr(mod, fn, inner)
+
+        mark(cl, "signatures", "read + signatures")
+        mark_gen(lsh_index, "candidate_pairs_ooc", "lsh (band keys, DuckDB, verify)", "cluster: ast + keys")
+        mark(cl, "ast_edges", "cluster: ast + keys")
+        mark(cl, "_component_labels", "components")
+    with tempfile.TemporaryDirectory(prefix="ratchet-dedup-bench-", dir=os.environ.get("RATCHET_DEDUP_TMP")) as tmp:
+        path = os.path.join(tmp, "trajectories.parquet")
+        t0 = time.perf_counter()
+        write_trajectories(n, path)
+        gen_s, gen_mb = time.perf_counter() - t0, peak_mb()
+        phase["name"] = "read + signatures"
+        t0 = time.perf_counter()
+        clusters, edges = cl.build_clusters(path, id_col="record_id", text_col="prompt_text", code_cols=("patch",))
+        t_cluster = time.perf_counter() - t0
+        phase["name"] = "split"
+        slice_of = pq.read_table(path, columns=["slice"]).column("slice").to_pylist()
+    n_clusters, n_edges = len(set(clusters.column("cluster_id").to_pylist())), edges.num_rows
+    del edges
+    t1 = time.perf_counter()
     items = [{"id": i, "cluster_id": c, "slice": s} for i, c, s in
              zip(clusters.column("id").to_pylist(), clusters.column("cluster_id").to_pylist(), slice_of)]
-    t1 = time.perf_counter()
+    del clusters, slice_of
     split = assign_splits(items)
     t_split = time.perf_counter() - t1
     col = split.column("split").to_pylist()
-    print(json.dumps({"n": n, "gen_s": round(gen_s, 1), "gen_mb": round(gen_mb, 1), "cluster_s": round(t_cluster, 1),
-                      "split_s": round(t_split, 1), "total_s": round(t_cluster + t_split, 1),
-                      "clusters": len(set(clusters.column("cluster_id").to_pylist())), "edges": edges.num_rows,
-                      "splits": {s: col.count(s) for s in ("train", "val", "holdout")}}))
+    res = {"n": n, "gen_s": round(gen_s, 1), "gen_mb": round(gen_mb, 1), "cluster_s": round(t_cluster, 1),
+           "split_s": round(t_split, 1), "total_s": round(t_cluster + t_split, 1),
+           "clusters": n_clusters, "edges": n_edges,
+           "splits": {s: col.count(s) for s in ("train", "val", "holdout")}}
+    if phases:
+        res["phase_peak_mb"] = {k: round(v) for k, v in phase["peak"].items()}
+    print(json.dumps(res))
 
 
-def cluster_split(n: int) -> dict:
+def cluster_split(n: int, phases: bool = False) -> dict:
     """Cluster + split of n synthetic trajectories in a fresh child process, so the peak RSS is
     that work's alone (input generation included) and not the signature bench's."""
     import subprocess
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    proc = subprocess.run([sys.executable, __file__, "--_child", str(n)], capture_output=True, text=True)
+    cmd = [sys.executable, __file__, "--_child", str(n)] + (["--phases"] if phases else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"cluster+split child failed for n={n}:\n{proc.stderr[-4000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -173,12 +253,13 @@ def main(argv=None) -> dict:
                     help="also report cluster_split_10m_s and peak_mb_10m (10M trajectories: tens of minutes)")
     ap.add_argument("--cluster-only", action="store_true", help="skip the signature-throughput part")
     ap.add_argument("--_child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--phases", action="store_true", help="also report the peak RSS of each cluster+split phase")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backend", choices=("c", "duckdb"), default=None,
                     help="where SHA-1 runs (default: the C extension when built, else DuckDB)")
     args = ap.parse_args(argv)
     if args._child is not None:
-        _child(args._child)
+        _child(args._child, args.phases)
         return {}
     if args.peak_1m:
         args.cluster_n = 1_000_000  # one 1M child gives cluster_split_1m_s and peak_mb_1m
@@ -225,9 +306,9 @@ def main(argv=None) -> dict:
         name: measure(gen(args.docs)) for name, gen in (("prompt-log", prompt_corpus), ("uniform", corpus))}
 
     cn = args.cluster_n
-    cs = cluster_split(cn) if cn else None
+    cs = cluster_split(cn, args.phases) if cn else None
     at_1m = cs if args.peak_1m else None
-    at_10m = cluster_split(10_000_000) if args.size_10m else None
+    at_10m = cluster_split(10_000_000, args.phases) if args.size_10m else None
 
     rows = []
     for name, r in res.items():
@@ -250,6 +331,7 @@ def main(argv=None) -> dict:
                 (f"  clusters / edges", f"{r['clusters']:,} clusters, {r['edges']:,} edges; splits {r['splits']}"),
                 (f"  peak RSS (child)", f"{r['peak_mb']:,.0f} MB ({r['gen_mb']:,.0f} MB after generating the input)"),
             ]
+            rows += [(f"  peak RSS in {k}", f"{v:,} MB") for k, v in r.get("phase_peak_mb", {}).items()]
     rows += [
         ("peak RSS (bench process)", f"{peak_mb():,.0f} MB"),
         ("cpus", f"{os.cpu_count()} (shared with other work: timings are noisy)"),

@@ -12,6 +12,8 @@ cluster_id = "dc-" + sha1(smallest member id)[:16]: stable as long as that membe
 from __future__ import annotations
 
 import hashlib
+import os
+import tempfile
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
@@ -145,6 +147,81 @@ def components(ids: Sequence[str], edges: Iterable[tuple]) -> tuple[np.ndarray, 
     return labels, [cluster_id_for(s) for s in smallest]  # type: ignore[arg-type]
 
 
+_BATCH_ROWS = 1 << 14
+# signatures at least this large are memory-mapped from their temp file, not read into memory
+_SIG_MMAP_BYTES = 1 << 30
+
+
+def _batches(data: Any, columns: Sequence[str]):
+    """Iterator of (rows, {column: list}) over `data` read in batches of at most
+    _BATCH_ROWS rows: a pyarrow Table, RecordBatchReader or iterable of RecordBatches, a Parquet
+    file or folder path, a pandas DataFrame or an iterable of dicts. Only `columns` are read; a
+    missing column reads as None. Streaming inputs never hold more than one batch of text."""
+    import pyarrow as pa
+
+    if isinstance(data, (str, os.PathLike)):
+        path = os.fspath(data)
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".parquet")) \
+            if os.path.isdir(path) else [path]
+        if not files:
+            raise ValueError(f"no Parquet files in {path}")
+        return _parquet_batches(files, columns)
+    if isinstance(data, pa.Table):
+        have = [c for c in columns if c in data.column_names]
+        return _arrow_batches(data.select(have).to_batches(max_chunksize=_BATCH_ROWS), columns)
+    if isinstance(data, pa.RecordBatchReader):
+        return _arrow_batches(data, columns)
+    if hasattr(data, "to_dict") and hasattr(data, "columns"):
+        return _row_batches(data.to_dict("records"), columns)
+    if not isinstance(data, Sequence) and not hasattr(data, "__len__"):
+        data = list(data)
+    if data and isinstance(data[0], pa.RecordBatch):
+        return _arrow_batches(data, columns)
+    return _row_batches(data, columns)
+
+
+def _parquet_batches(files, columns):
+    import pyarrow.parquet as pq
+
+    for f in files:
+        pf = pq.ParquetFile(f)
+        have = [c for c in columns if c in pf.schema_arrow.names]
+        # one row group at a time: a dataset scanner reads ahead and iter_batches keeps what it
+        # has read until the file is done (measured: both hold most of the text column)
+        for g in range(pf.metadata.num_row_groups):
+            yield from _arrow_batches(pf.read_row_group(g, columns=have, use_threads=False).to_batches(), columns)
+
+
+def _arrow_batches(batches, columns):
+    for b in batches:
+        names = b.schema.names
+        for i0 in range(0, b.num_rows, _BATCH_ROWS):
+            part = b.slice(i0, _BATCH_ROWS)
+            yield part.num_rows, {c: part.column(names.index(c)).to_pylist() if c in names else [None] * part.num_rows
+                                  for c in columns}
+
+
+def _row_batches(rows, columns):
+    for i0 in range(0, len(rows), _BATCH_ROWS):
+        part = rows[i0 : i0 + _BATCH_ROWS]
+        yield len(part), {c: [r.get(c) for r in part] for c in columns}
+
+
+def _key_pairs(rank: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`key_edges` on integers: star edges from the smallest-ranked row of each key group to
+    the others (codes < 0 join nothing), groups in first-seen order, members by rank."""
+    rows = np.flatnonzero(codes >= 0)
+    if not len(rows):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = rows[np.lexsort((rank[rows], codes[rows]))]
+    c = codes[order]
+    head = np.ones(len(order), dtype=bool)
+    head[1:] = c[1:] != c[:-1]
+    first = order[np.flatnonzero(head)]
+    root = first[np.cumsum(head) - 1]
+    return rank[root[~head]], rank[order[~head]]
+
+
 def build_clusters(
     items: Any,
     id_col: str = "record_id",
@@ -165,35 +242,141 @@ def build_clusters(
     as pyarrow Tables. `spanning=True` keeps only the MinHash pairs needed for connectivity
     (see minhash.lsh_pairs); set False to list every near-duplicate pair.
     If `signatures_out` is a dict, the computed signatures are stored under "sigs".
-    `lsh_backend` is minhash.lsh_pairs's backend ("duckdb", out of core, or "memory")."""
+    `lsh_backend` is minhash.lsh_pairs's backend ("duckdb", out of core, or "memory").
+    `items` may be a pyarrow Table, a RecordBatchReader (e.g. DuckDB's `to_arrow_reader`), a
+    Parquet path, a DataFrame or dicts: it is read once in batches, and past the batch being
+    read only ids, signatures (one numpy matrix), interned keys and fingerprints are kept, so
+    text never has to be in memory whole."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    ids = [str(x) for x in column(items, id_col)]
-    edges: list[tuple[str, str, str, float]] = []
+    key_cols = key_cols if key_cols is not None else {"repo": "same_repo", "issue_id": "same_issue"}
+    batches = _batches(items, [id_col, *([text_col] if text_col else []), *code_cols, *key_cols])
+    id_parts: list[pa.Array] = []
+    # signatures go to a temp file batch by batch and are read back as one matrix: collecting
+    # the parts and stacking them would hold every signature twice (+512 MB at 1M rows)
+    tmp = os.environ.get("RATCHET_DEDUP_TMP") or None
+    if tmp:
+        os.makedirs(tmp, exist_ok=True)
+    sig_file = tempfile.TemporaryFile(dir=tmp) if text_col else None
+    sig_dtype = None
+    has_text_parts: list[np.ndarray] = []
+    fp_cache: dict[str, list[astfp.Fingerprint]] = {}
+    fps: dict[str, list] = {c: [] for c in code_cols}
+    key_codes: dict[str, dict[Any, int]] = {c: {} for c in key_cols}
+    key_parts: dict[str, list[np.ndarray]] = {c: [] for c in key_cols}
+    for m, cols in batches:
+        id_parts.append(pa.array([str(x) for x in cols[id_col]], pa.string()))
+        if text_col:
+            texts = cols[text_col]
+            part = signatures(texts, num_perm=num_perm, seed=seed, k=k)
+            sig_dtype = part.dtype
+            sig_file.write(part.tobytes())
+            del part
+            has_text_parts.append(np.fromiter((bool(t and t.strip()) for t in texts), dtype=bool, count=m))
+        for c in code_cols:
+            out = fps[c]
+            for code in cols[c]:
+                if not code:
+                    out.append(())
+                    continue
+                fp = fp_cache.get(code)
+                if fp is None:  # one task's trajectories mostly carry the same final patch
+                    fp = fp_cache[code] = (astfp.fingerprint_patch(code) if looks_like_patch(code)
+                                           else astfp.fingerprint_code(code))
+                out.append(fp)
+        for c in key_cols:
+            codes = key_codes[c]  # first-seen order, as key_edges groups
+            key_parts[c].append(np.fromiter(
+                (-1 if v is None or v == "" else codes.setdefault(v, len(codes)) for v in cols[c]), dtype=np.int64, count=m))
+        del cols
+    del fp_cache, key_codes
+    ids = pa.concat_arrays(id_parts) if id_parts else pa.array([], pa.string())
+    del id_parts
+    n = len(ids)
+    if pc.count_distinct(ids).as_py() != n:
+        raise ValueError(f"duplicate ids in column {id_col!r}: each item needs its own id")
+    # rank = position in id order: integers ordered like the ids, so the smallest id of a group,
+    # "a < b" and every ordering below are integer comparisons (UTF-8 byte order = str order)
+    order = pc.sort_indices(ids).to_numpy().astype(np.int64)
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n, dtype=np.int64)
+    sorted_ids = ids.take(pa.array(order))
+    del ids
+    pieces: list[tuple] = []  # (rank a, rank b, reason or reason per edge, score)
     if text_col:
-        texts = column(items, text_col)
-        sigs = signatures(texts, num_perm=num_perm, seed=seed, k=k)
+        dtype = np.dtype(sig_dtype or np.uint32)
+        release = None
+        sig_file.flush()
+        if n * num_perm * dtype.itemsize >= _SIG_MMAP_BYTES:
+            # memory-mapped; the LSH step drops the pages it has read from this process
+            # after each chunk (they stay in the page cache / on disk)
+            import mmap
+
+            mm = mmap.mmap(sig_file.fileno(), 0, access=mmap.ACCESS_READ)
+            sigs = np.frombuffer(mm, dtype=dtype).reshape(n, num_perm)
+
+            def release():
+                mm.madvise(mmap.MADV_DONTNEED)
+        else:
+            sig_file.seek(0)
+            sigs = np.fromfile(sig_file, dtype=dtype).reshape(n, num_perm)
+        sig_file.close()  # a mapping keeps the (unlinked) file alive
         if signatures_out is not None:
             signatures_out["sigs"] = sigs
         # texts without a shingle all carry the same "empty" signature; they are not duplicates
-        has_text = np.asarray([i for i, t in enumerate(texts) if t and t.strip()], dtype=np.int64)
-        sub_ids = [ids[i] for i in has_text]
-        edges.extend((a, b, "minhash", s) for a, b, s in lsh_pairs(sub_ids, sigs[has_text], threshold, seed,
-                                                                         spanning=spanning, backend=lsh_backend))
-    for col in code_cols:
-        edges.extend(ast_edges(ids, fingerprints(column(items, col)), seed=seed, num_perm=num_perm))
-    for col, reason in (key_cols if key_cols is not None else {"repo": "same_repo", "issue_id": "same_issue"}).items():
-        edges.extend(key_edges(ids, column(items, col), reason))
-    labels, cids = components(ids, edges)
-    sizes = np.bincount(labels, minlength=len(cids)) if len(labels) else np.zeros(0, int)
+        has_text = np.flatnonzero(np.concatenate(has_text_parts)) if has_text_parts else np.zeros(0, np.int64)
+        if lsh_backend == "duckdb":
+            from .lsh_index import candidate_pairs_ooc
+
+            for a, b, s in candidate_pairs_ooc(sigs, threshold, spanning, rows=None if len(has_text) == n else has_text,
+                                               release=release):
+                ra, rb = rank[a], rank[b]
+                pieces.append((np.minimum(ra, rb), np.maximum(ra, rb), "minhash", s.astype(np.float64)))
+            del sigs
+        else:
+            sub_ids = [int(r) for r in rank[has_text]]
+            pairs = lsh_pairs(sub_ids, sigs[has_text], threshold, seed, spanning=spanning, backend=lsh_backend)
+            del sigs
+            if pairs:
+                a, b, s = (np.asarray(x) for x in zip(*pairs))
+                pieces.append((a.astype(np.int64), b.astype(np.int64), "minhash", s.astype(np.float64)))
+    for c in code_cols:
+        # ast_edges only sorts and compares ids: ranks give the same edges as the id strings
+        e = ast_edges(rank.tolist(), fps.pop(c), seed=seed, num_perm=num_perm)
+        pieces.append((np.fromiter((x[0] for x in e), np.int64, len(e)), np.fromiter((x[1] for x in e), np.int64, len(e)),
+                       np.array([x[2] for x in e], dtype=object), np.fromiter((x[3] for x in e), np.float64, len(e))))
+        del e
+    for c, reason in key_cols.items():
+        a, b = _key_pairs(rank, np.concatenate(key_parts.pop(c)) if n else np.zeros(0, np.int64))
+        pieces.append((a, b, reason, np.ones(len(a))))
+    labels = _component_labels(n, [(p[0], p[1]) for p in pieces])  # over ranks
+    ncomp = int(labels.max()) + 1 if n else 0
+    smallest = np.full(ncomp, n, dtype=np.int64)
+    np.minimum.at(smallest, labels, np.arange(n, dtype=np.int64))
+    cids = pa.array([cluster_id_for(x) for x in sorted_ids.take(pa.array(smallest)).to_pylist()], pa.string())
+    sizes = np.bincount(labels, minlength=ncomp)
+    lab = labels[rank]  # back to input order
     clusters = pa.table({
-        "id": pa.array(ids, pa.string()),
-        "cluster_id": pa.array([cids[c] for c in labels.tolist()], pa.string()),
-        "cluster_size": pa.array(sizes[labels] if len(labels) else [], pa.int64()),
+        "id": sorted_ids.take(pa.array(rank)),
+        "cluster_id": cids.take(pa.array(lab)),
+        "cluster_size": pa.array(sizes[lab].astype(np.int64), pa.int64()),
     })
-    e = list(zip(*edges)) if edges else [[], [], [], []]
-    edge_tbl = pa.table({
-        "a": pa.array(e[0], pa.string()), "b": pa.array(e[1], pa.string()),
-        "reason": pa.array(e[2], pa.string()), "score": pa.array(e[3], pa.float64()),
-    })
+    parts = [pa.table({"a": sorted_ids.take(pa.array(a)), "b": sorted_ids.take(pa.array(b)),
+                       "reason": pa.array(reason if isinstance(reason, np.ndarray) else np.full(len(a), reason, dtype=object), pa.string()),
+                       "score": pa.array(s, pa.float64())}) for a, b, reason, s in pieces]
+    edge_tbl = pa.concat_tables(parts).combine_chunks() if parts else pa.table({
+        "a": pa.array([], pa.string()), "b": pa.array([], pa.string()),
+        "reason": pa.array([], pa.string()), "score": pa.array([], pa.float64())})
     return clusters, edge_tbl
+
+
+def _component_labels(n: int, edges: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Connected components over integer edges (scipy.sparse.csgraph), one label per node."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    src = np.concatenate([e[0] for e in edges]) if edges else np.zeros(0, np.int64)
+    dst = np.concatenate([e[1] for e in edges]) if edges else np.zeros(0, np.int64)
+    g = coo_matrix((np.ones(len(src), dtype=np.int8), (src, dst)), shape=(n, n))
+    return connected_components(g, directed=False)[1].astype(np.int64)

@@ -8,7 +8,8 @@ exactly equal band before it counts (a hash collision never adds a pair).
 
 Memory knobs (environment): RATCHET_DEDUP_MEMORY_LIMIT (DuckDB memory_limit, default "256MB") and
 RATCHET_DEDUP_TMP (where band keys, pairs and DuckDB's spill files go; default the system temp
-folder). The signatures themselves stay a numpy array (n x num_perm x 4 bytes).
+folder). The signatures are a numpy array (n x num_perm x 4 bytes); build_clusters memory-maps
+them from 1 GiB on and passes `release` so the pages read are dropped after each chunk.
 """
 from __future__ import annotations
 
@@ -65,16 +66,21 @@ def candidate_pairs_ooc(
     spanning: bool = False,
     memory_limit: str | None = None,
     tmp_dir: str | None = None,
+    rows: np.ndarray | None = None,
+    release=None,
 ):
     """Yield (a_idx, b_idx, score) numpy batches of verified pairs (a_idx < b_idx, row indices).
     With `spanning` only pairs that join two components so far are yielded (a spanning forest
-    of the verified graph: the same connected components, at most n - 1 pairs)."""
+    of the verified graph: the same connected components, at most n - 1 pairs). `rows`
+    (ascending row indices) restricts the search to those rows without copying `sigs`.
+    `release` (for memory-mapped `sigs`) is called after each chunk read from them, to drop
+    those pages from this process."""
     import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     n, num_perm = sigs.shape
-    if n < 2:
+    if (n if rows is None else len(rows)) < 2:
         return
     b, r = lsh_params(threshold, num_perm)
     memory_limit = memory_limit or os.environ.get("RATCHET_DEDUP_MEMORY_LIMIT") or "256MB"
@@ -86,12 +92,16 @@ def candidate_pairs_ooc(
         bands_dir = os.path.join(work, "bands")
         os.makedirs(bands_dir)
         band_col = np.tile(np.arange(b, dtype=np.int16), _ROWS_PER_FILE)
-        for f, i0 in enumerate(range(0, n, _ROWS_PER_FILE)):
-            i1 = min(n, i0 + _ROWS_PER_FILE)
-            keys = _band_keys(sigs[i0:i1], b, r).reshape(-1)
-            ids = np.repeat(np.arange(i0, i1, dtype=np.int32), b)
+        m = n if rows is None else len(rows)
+        for f, i0 in enumerate(range(0, m, _ROWS_PER_FILE)):
+            i1 = min(m, i0 + _ROWS_PER_FILE)
+            part = np.arange(i0, i1, dtype=np.int64) if rows is None else np.asarray(rows[i0:i1], dtype=np.int64)
+            keys = _band_keys(sigs[i0:i1] if rows is None else sigs[part], b, r).reshape(-1)
+            ids = np.repeat(part.astype(np.int32), b)
             pq.write_table(pa.table({"band": band_col[: len(keys)], "key": keys, "id": ids}),
                            os.path.join(bands_dir, f"{f:06d}.parquet"))
+            if release:
+                release()
         pairs_path = os.path.join(work, "pairs.parquet")
         con = duckdb.connect()
         try:
@@ -133,6 +143,8 @@ def candidate_pairs_ooc(
                         parent[rx] = ry
                         take[j] = True
                 a, c, score = a[take], c[take], score[take]
+            if release:
+                release()
             if len(a):
                 yield a, c, score
     finally:

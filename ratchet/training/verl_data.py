@@ -21,7 +21,7 @@ from pathlib import Path
 
 DATA_SOURCE = "ratchet/repair"
 ABILITY = "code_repair"
-AGENT_NAME = "ratchet_repair"     # the AgentLoop name VeRL dispatches on (the loop is not built yet)
+AGENT_NAME = "ratchet_repair"     # the AgentLoop name VeRL dispatches on (ratchet.training.verl_agent_loop)
 META_KEY = b"ratchet.manifest"
 
 

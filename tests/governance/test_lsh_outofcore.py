@@ -90,3 +90,77 @@ def test_band_key_collisions_add_no_pairs(corpus, monkeypatch):
     real = lsh_index._band_keys
     monkeypatch.setattr(lsh_index, "_band_keys", lambda s, b, r: real(s, b, r) % np.uint64(7))
     assert sorted(lsh_index.lsh_pairs_ooc(ids, sigs, 0.8)) == mem
+
+
+def _rows(ids, texts):
+    """Rows with text, empty text and no text, shared and empty repos, plus one patch family."""
+    code = "def f(xs, n):\n    x = 0\n    for i in range(n):\n        x = x + xs[i] * 2 - 1\n    return x\n"
+    rows = []
+    for j, (i, t) in enumerate(zip(ids, texts)):
+        rows.append({"record_id": i, "prompt_text": None if j % 97 == 0 else ("  " if j % 89 == 0 else t),
+                     "repo": f"org/r{j % 400}" if j % 5 == 0 else "", "issue_id": None,
+                     "patch": code.replace("2", str(j % 3)) if j % 11 == 0 else None})
+    return rows
+
+
+@pytest.mark.parametrize("source", ["parquet", "reader", "table", "parquet-mmap"])
+def test_streamed_input_gives_the_clusters_and_signatures_of_the_rows(corpus, tmp_path, monkeypatch, source):
+    """Parquet paths, record batch readers and tables are read in batches (here 700 rows) and
+    give exactly the clusters, edges (unique without spanning) and signatures of the dicts;
+    also with the signatures memory-mapped and their pages dropped after each LSH chunk."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ratchet.governance import clusters
+
+    ids, texts, _ = corpus
+    rows = _rows(ids, texts)
+    kw = dict(spanning=False)
+    want_sigs = {}
+    c_rows, e_rows = build_clusters(rows, signatures_out=want_sigs, **kw)
+    monkeypatch.setattr(clusters, "_BATCH_ROWS", 700)
+    released = []
+    if source == "parquet-mmap":
+        monkeypatch.setattr(clusters, "_SIG_MMAP_BYTES", 0)
+        real = lsh_index.candidate_pairs_ooc
+
+        def counting(*a, release=None, **kw):
+            assert release is not None
+            return real(*a, release=lambda: (released.append(1), release()), **kw)
+        monkeypatch.setattr(lsh_index, "candidate_pairs_ooc", counting)
+    tbl = pa.Table.from_pylist(rows)
+    pq.write_table(tbl, tmp_path / "items.parquet", row_group_size=1000)
+    data = {"parquet": str(tmp_path / "items.parquet"), "reader": pa.RecordBatchReader.from_batches(
+        tbl.schema, tbl.to_batches(max_chunksize=1000)), "table": tbl,
+        "parquet-mmap": str(tmp_path / "items.parquet")}[source]
+    got_sigs = {}
+    c, e = build_clusters(data, signatures_out=got_sigs, **kw)
+    assert c.equals(c_rows)
+    assert sorted(e.to_pylist(), key=str) == sorted(e_rows.to_pylist(), key=str)
+    assert np.array_equal(got_sigs["sigs"], signatures([r["prompt_text"] for r in rows]))
+    assert np.array_equal(got_sigs["sigs"], want_sigs["sigs"])
+    assert bool(released) == (source == "parquet-mmap")
+    reasons = set(e.column("reason").to_pylist())
+    assert {"minhash", "same_repo", "ast_skeleton"} <= reasons
+    # rows without text never join by MinHash even though their (empty) signatures are equal
+    no_text = {r["record_id"] for r in rows if not (r["prompt_text"] or "").strip()}
+    assert not no_text & {x for r in e.to_pylist() if r["reason"] == "minhash" for x in (r["a"], r["b"])}
+
+
+def test_duplicate_ids_are_refused_before_any_work(tmp_path):
+    rows = [{"record_id": "a", "prompt_text": "x y z"}, {"record_id": "b", "prompt_text": "x y z"},
+            {"record_id": "a", "prompt_text": "other words"}]
+    with pytest.raises(ValueError, match="duplicate ids in column 'record_id'"):
+        build_clusters(rows, code_cols=(), key_cols={})
+
+
+def test_candidate_rows_restrict_the_search_to_those_rows(corpus):
+    ids, _, sigs = corpus
+    rows = np.arange(0, len(ids), 2)
+    sub = {tuple(sorted((ids[rows[int(a)]], ids[rows[int(b)]])))
+           for a, b, _ in lsh_pairs([str(i) for i in range(len(rows))], sigs[rows], 0.8, backend="memory")}
+    got = set()
+    for a, b, _ in lsh_index.candidate_pairs_ooc(sigs, 0.8, rows=rows):
+        assert set(a.tolist()) | set(b.tolist()) <= set(rows.tolist())
+        got |= {(ids[x], ids[y]) for x, y in zip(a.tolist(), b.tolist())}
+    assert got == sub and len(got) > 100

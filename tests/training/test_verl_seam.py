@@ -2,55 +2,22 @@
 RLHFDataset), and `compute_score` giving Ratchet's own reward."""
 import json
 import math
-import subprocess
-import sys
 import types
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.training
 
-VERL = "verl==0.9.1"
-# The datasets' own imports beyond what the project already has: omegaconf (vendors its antlr) for
-# both, tensordict (and its pyvers) for the SFT dataset's padding helpers
-VERL_DEPS = ("omegaconf==2.4.0", "tensordict==0.10.0", "pyvers==0.1.0")   # verl pins tensordict<=0.10
-
-
-def _verl_cache() -> Path:
-    # outside the venv, installed once per machine; named by the pins so changing one reinstalls
-    import hashlib
-    key = hashlib.sha256(" ".join((VERL, *VERL_DEPS)).encode()).hexdigest()[:10]
-    return Path.home() / ".cache" / "ratchet" / f"verl-0.9.1-{key}"
-
 
 @pytest.fixture(scope="module")
 def verl_datasets():
-    """VeRL's RLHFDataset and MultiTurnSFTDataset from a cache folder outside the venv.
-    `verl/__init__` imports ray (a 79 MB wheel) for DataProto, which the datasets never touch, so
-    the package is entered without running its __init__."""
-    cache = _verl_cache()
-    if not (cache / "INSTALLED").exists():
-        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(cache),
-                            VERL, *VERL_DEPS], capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            pytest.skip(f"cannot install {VERL} into {cache}: {(r.stderr or r.stdout).strip()[-300:]}")
-        (cache / "INSTALLED").write_text("\n".join((VERL, *VERL_DEPS)) + "\n")
-    ours = lambda k: k == "verl" or k.startswith(("verl.", "omegaconf", "tensordict", "pyvers"))  # noqa: E731
-    saved = {k: v for k, v in sys.modules.items() if ours(k)}
-    sys.path.insert(0, str(cache))
-    pkg = types.ModuleType("verl")
-    pkg.__path__ = [str(cache / "verl")]
-    sys.modules["verl"] = pkg
-    try:
+    """VeRL's RLHFDataset and MultiTurnSFTDataset (installed by `verl_pkgs`, or the test skips)."""
+    from tests.training.verl_pkgs import DATA, entered
+
+    with entered(DATA, run_init=False):
         from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
         from verl.utils.dataset.rl_dataset import RLHFDataset
         yield types.SimpleNamespace(rl=RLHFDataset, sft=MultiTurnSFTDataset)
-    finally:
-        sys.path.remove(str(cache))
-        for k in [k for k in sys.modules if ours(k)]:
-            del sys.modules[k]
-        sys.modules.update(saved)
 
 
 @pytest.fixture(scope="module")
