@@ -99,6 +99,8 @@ def grpo_batch(model, tokenizer, rows: list[dict], group_size: int, max_length: 
 def run_smoke(*, device: str = "auto", tiny: bool = False, sft_steps: int = 2, grpo_steps: int = 2,
               batch_size: int = 4, group_size: int = 4, max_length: int = 1024, new_tokens: int = 64,
               out_dir: str | Path, say=print) -> dict:
+    import copy
+
     import torch
 
     from ratchet.training.device import resolve_device
@@ -140,7 +142,7 @@ def run_smoke(*, device: str = "auto", tiny: bool = False, sft_steps: int = 2, g
     settings = GRPOSettings(learning_rate=1e-5, group_size=group_size, device=device, lora="off")
     seqs = grpo_batch(model, tok, rows, group_size, max_length)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.learning_rate)
-    ref = __import__("copy").deepcopy(model).eval().requires_grad_(False)
+    ref = copy.deepcopy(model).eval().requires_grad_(False)   # the frozen reference, as in train_grpo
     steps = []
     for _ in range(grpo_steps):
         _sync(dev)
