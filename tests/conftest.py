@@ -46,6 +46,25 @@ def runtime(tmp_path_factory):
         pytest.skip(f"sandbox unavailable: {e}")
 
 
+@pytest.fixture
+def broken_verdict_runtime(tmp_path):
+    """A LocalRuntime whose own verdict worker dies after it starts (its judge mode still works):
+    a fault of the harness, which every scorer must report as an infra failure, never a 0."""
+    from sandboxes.runtime import LocalRuntime, SandboxUnavailable
+    from sandboxes.verdict import _SCRIPT
+
+    try:
+        rt = LocalRuntime(tmp_path / "rt")
+    except SandboxUnavailable as e:
+        pytest.skip(f"sandbox unavailable: {e}")
+    broken = tmp_path / "verdict_worker.py"
+    broken.write_text(f"import runpy, sys\nif '--judge' in sys.argv:\n    runpy.run_path({_SCRIPT!r}, run_name='__main__')\n"
+                      "else:\n    print('{\"started\": true}', flush=True)\n    sys.exit(1)\n")
+    broken.chmod(0o644)
+    rt.verdict_worker = str(broken)
+    return rt
+
+
 @pytest.fixture(autouse=True)
 def _dagster_state_storage_reset():
     """Dagster keeps the instance's defs-state storage in a context variable that a nested `with

@@ -173,20 +173,10 @@ def test_a_module_that_does_not_import_fails_every_test(runtime, he_task):
     assert set(ver.outcomes.values()) == {"failed"} and "does not import" in ver.output
 
 
-def test_a_callee_broken_by_the_harness_is_an_infra_failure_not_a_zero(tmp_path, he_task):
+def test_a_callee_broken_by_the_harness_is_an_infra_failure_not_a_zero(broken_verdict_runtime, he_task):
     """A callee that dies is the agent's failure only if a callee on a harness-owned module still
     works (`verdict.callee_probe`); when the harness's own script is what breaks, it is infra."""
-    from sandboxes.runtime import LocalRuntime, SandboxUnavailable
-    from sandboxes.verdict import _SCRIPT
-    try:
-        rt = LocalRuntime(tmp_path / "rt")
-    except SandboxUnavailable as e:
-        pytest.skip(f"sandbox unavailable: {e}")
-    broken = tmp_path / "verdict_worker.py"
-    broken.write_text(f"import runpy, sys\nif '--judge' in sys.argv:\n    runpy.run_path({_SCRIPT!r}, run_name='__main__')\n"
-                      "else:\n    print('{\"started\": true}', flush=True)\n    sys.exit(1)\n")
-    broken.chmod(0o644)
-    rt.verdict_worker = str(broken)
+    rt = broken_verdict_runtime
     ver = _verdict(rt, he_task, _fixed(he_task))
     assert ver.outcomes is None and "health probe" in ver.infra_error, ver
 

@@ -177,22 +177,11 @@ def test_the_turn_limit_and_the_length_limit_end_the_episode_scored(verl_loop, t
     assert out.extra_fields["stop_reason"] == "length" and out.reward_score == 0.0
 
 
-def test_an_infra_failure_is_flagged_not_scored_zero(verl_loop, tokenizer, tasks, row, tmp_path):
+def test_an_infra_failure_is_flagged_not_scored_zero(verl_loop, tokenizer, tasks, row, broken_verdict_runtime):
     """The harness's verdict script broken (as in the seam test): NaN and the flag, never 0.0."""
-    from sandboxes.runtime import LocalRuntime, SandboxUnavailable
-    from sandboxes.verdict import _SCRIPT
     from verl.workers.rollout.replica import TokenOutput
 
-    try:
-        rt = LocalRuntime(tmp_path / "rt")
-    except SandboxUnavailable as e:
-        pytest.skip(f"sandbox unavailable: {e}")
-    broken = tmp_path / "verdict_worker.py"
-    broken.write_text("import runpy, sys\nif '--judge' in sys.argv:\n"
-                      f"    runpy.run_path({_SCRIPT!r}, run_name='__main__')\n"
-                      "else:\n    print('{\"started\": true}', flush=True)\n    sys.exit(1)\n")
-    broken.chmod(0o644)
-    rt.verdict_worker = str(broken)
+    rt = broken_verdict_runtime
     calls = [("apply_patch", {"patch": tasks[0].metadata["fix_diff"]}), ("submit", {"explanation": "fixed"})]
     out = _run(_loop(verl_loop, tokenizer, ScriptedServer(TokenOutput, [_turn(tokenizer, n, a) for n, a in calls]),
                      rt), row)

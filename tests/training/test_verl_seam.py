@@ -147,24 +147,13 @@ def test_compute_score_equals_ratchets_reward(tmp_path, tasks, runtime):
         compute_score(DATA_SOURCE, fix, "another-task", row["extra_info"], runtime=runtime)
 
 
-def test_an_infra_failure_is_reported_not_scored_zero(tmp_path, tasks):
+def test_an_infra_failure_is_reported_not_scored_zero(tmp_path, tasks, broken_verdict_runtime):
     """The harness's own verdict script broken (as in the verdict tests): VeRL gets NaN and
     infra_failure, never a 0.0 the policy would learn from."""
     from ratchet.training.verl_data import DATA_SOURCE, compute_score, write_rl_parquet
-    from sandboxes.runtime import LocalRuntime, SandboxUnavailable
-    from sandboxes.verdict import _SCRIPT
     import pyarrow.parquet as pq
 
-    try:
-        rt = LocalRuntime(tmp_path / "rt")
-    except SandboxUnavailable as e:
-        pytest.skip(f"sandbox unavailable: {e}")
-    broken = tmp_path / "verdict_worker.py"
-    broken.write_text("import runpy, sys\nif '--judge' in sys.argv:\n"
-                      f"    runpy.run_path({_SCRIPT!r}, run_name='__main__')\n"
-                      "else:\n    print('{\"started\": true}', flush=True)\n    sys.exit(1)\n")
-    broken.chmod(0o644)
-    rt.verdict_worker = str(broken)
+    rt = broken_verdict_runtime
     row = pq.read_table(write_rl_parquet(tasks[:1], tmp_path / "t.parquet", bundle_dir=tmp_path / "b")).to_pylist()[0]
     got = compute_score(DATA_SOURCE, "", tasks[0].task_id, dict(row["extra_info"], patch=tasks[0].metadata["fix_diff"]),
                         runtime=rt)
