@@ -150,6 +150,8 @@ def _child(n: int, phases: bool = False) -> None:
     import tempfile
     import threading
 
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from ratchet.governance import clusters as cl
@@ -204,20 +206,20 @@ def _child(n: int, phases: bool = False) -> None:
         clusters, edges = cl.build_clusters(path, id_col="record_id", text_col="prompt_text", code_cols=("patch",))
         t_cluster = time.perf_counter() - t0
         phase["name"] = "split"
-        slice_of = pq.read_table(path, columns=["slice"]).column("slice").to_pylist()
-    n_clusters, n_edges = len(set(clusters.column("cluster_id").to_pylist())), edges.num_rows
-    del edges
+        slice_of = pq.read_table(path, columns=["slice"]).column("slice")
+    n_clusters, n_edges = pc.count_distinct(clusters.column("cluster_id")).as_py(), edges.num_rows
+    del edges  # the dedup asset writes them; the split asset reads only the clusters
     t1 = time.perf_counter()
-    items = [{"id": i, "cluster_id": c, "slice": s} for i, c, s in
-             zip(clusters.column("id").to_pylist(), clusters.column("cluster_id").to_pylist(), slice_of)]
+    # columns, as the split takes them: no Python object per trajectory
+    items = pa.table({"id": clusters.column("id"), "cluster_id": clusters.column("cluster_id"), "slice": slice_of})
     del clusters, slice_of
     split = assign_splits(items)
     t_split = time.perf_counter() - t1
-    col = split.column("split").to_pylist()
+    counts = {r["values"]: r["counts"] for r in pc.value_counts(split.column("split")).to_pylist()}
     res = {"n": n, "gen_s": round(gen_s, 1), "gen_mb": round(gen_mb, 1), "cluster_s": round(t_cluster, 1),
            "split_s": round(t_split, 1), "total_s": round(t_cluster + t_split, 1),
            "clusters": n_clusters, "edges": n_edges,
-           "splits": {s: col.count(s) for s in ("train", "val", "holdout")}}
+           "splits": {s: counts.get(s, 0) for s in ("train", "val", "holdout")}}
     if phases:
         res["phase_peak_mb"] = {k: round(v) for k, v in phase["peak"].items()}
     print(json.dumps(res))

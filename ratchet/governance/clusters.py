@@ -3,7 +3,7 @@ same-issue edges. A cluster is the unit a split takes whole.
 
 Rows produced (pyarrow Tables, written as-is to the warehouse):
   dedup_clusters: id (str), cluster_id (str), cluster_size (int64)
-  dedup_edges:    a (str), b (str), reason (str), score (float64)     with a < b
+  dedup_edges:    a (str), b (str), reason (str, dictionary-encoded), score (float64)     with a < b
 reasons: "minhash" (estimated Jaccard of prompt text), "ast_skeleton", "ast_subtree" (see
 ast_fingerprint), "same_repo", "same_issue" (score 1.0). Key edges are a star from the
 smallest id of each group, so n members give n-1 edges, not n^2.
@@ -15,7 +15,7 @@ import hashlib
 import os
 import tempfile
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -77,51 +77,124 @@ def fingerprints(codes: Iterable[str | None]) -> list[list[astfp.Fingerprint]]:
     return out
 
 
+class Shape(NamedTuple):
+    """A fingerprint as build_clusters keeps it: the subtree hashes (16 hex digits each) as sorted
+    uint64 bytes. A frozenset of hex strings cost ~10 KB per distinct patch (2 GB at 10M
+    trajectories over 200k tasks); this is ~0.4 KB, and `fingerprint` gives back the same set."""
+    name: str  # part of a Fingerprint's equality, so kept: the same fingerprints group the same way
+    kind: str
+    skeleton: str
+    size: int
+    subtrees: bytes
+
+    @classmethod
+    def of(cls, fp: astfp.Fingerprint) -> "Shape":
+        return cls(fp.name, fp.kind, fp.skeleton, fp.size, np.array(sorted(int(h, 16) for h in fp.subtrees), dtype=np.uint64).tobytes())
+
+    def hashes(self) -> list[str]:
+        return [format(v, "016x") for v in np.frombuffer(self.subtrees, dtype=np.uint64).tolist()]
+
+    def fingerprint(self) -> astfp.Fingerprint:
+        return astfp.Fingerprint(name=self.name, kind=self.kind, skeleton=self.skeleton, subtrees=frozenset(self.hashes()),
+                                 size=self.size)
+
+
 def ast_edges(
     ids: Sequence[str],
     fps: Sequence[Sequence[astfp.Fingerprint]],
     seed: int = DEFAULT_SEED,
     num_perm: int = DEFAULT_NUM_PERM,
 ) -> list[tuple[str, str, str, float]]:
-    """Edges between items whose fingerprints collide (`ast_fingerprint.collide`). Skeletons are
-    grouped exactly; shape-set Jaccard candidates come from MinHash LSH (datasketch) over the
-    shape hashes at a lower threshold, then the exact Jaccard is checked."""
-    out: list[tuple[str, str, str, float]] = []
-    # identical fingerprints (the same code text, or copies differing only in names/literals)
-    # are handled once: trajectories of one task mostly end in the same patch
-    members: dict[astfp.Fingerprint, list[str]] = defaultdict(list)
-    for item, fl in zip(ids, fps):
-        for fp in fl:
-            members[fp].append(item)
-    uniq = list(members)
-    by_skel: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for fp in uniq:
-        ms = members[fp]
-        if fp.kind != "tokens" and fp.size >= astfp.MIN_SKELETON_NODES:
-            by_skel[(fp.kind, fp.skeleton)].extend(ms)
-        elif fp.subtrees and len(ms) > 1:  # identical small fingerprints: shape Jaccard 1.0
-            ms = sorted(set(ms))
-            out.extend((ms[0], m, "ast_subtree", 1.0) for m in ms[1:])
-    for group in by_skel.values():
-        ms = sorted(set(group))
-        out.extend((ms[0], m, "ast_skeleton", 1.0) for m in ms[1:])
-    entries = [fp for fp in uniq if fp.subtrees]
+    """Edges between items whose fingerprints collide (`ast_fingerprint.collide`), a < b. See
+    `ast_pairs`; this takes id strings and one fingerprint list per item."""
+    ids = [str(i) for i in ids]
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    rank = np.empty(len(ids), dtype=np.int64)
+    rank[order] = np.arange(len(ids))
+    lists = [[Shape.of(fp) for fp in fl] for fl in fps]
+    codes = np.array([i if fl else -1 for i, fl in enumerate(lists)], dtype=np.int64)
+    return [(ids[order[x]], ids[order[y]], reason, float(s))
+            for a, b, reason, score in ast_pairs(rank, codes, lists, seed=seed, num_perm=num_perm)
+            for x, y, s in zip(a.tolist(), b.tolist(), score.tolist())]
+
+
+def ast_pairs(
+    rank: np.ndarray,
+    code: np.ndarray,
+    code_fps: Sequence[Sequence[Shape]],
+    seed: int = DEFAULT_SEED,
+    num_perm: int = DEFAULT_NUM_PERM,
+) -> list[tuple[np.ndarray, np.ndarray, str, np.ndarray]]:
+    """AST edges over integers: item i has rank `rank[i]` (ids' sort order) and code `code[i]`
+    (an index into `code_fps`, the fingerprints (`Shape`) of each distinct code text; -1: none). Returns
+    (a, b, reason, score) pieces, a and b ranks with a < b, one reason a piece.
+
+    Skeletons are grouped exactly (a star from each group's smallest item, "ast_skeleton");
+    identical small fingerprints join the same way ("ast_subtree", 1.0); shape-set Jaccard
+    candidates among distinct fingerprints come from MinHash LSH (datasketch) at a lower
+    threshold and are checked exactly. Items are handled as numpy arrays (one row per item and
+    fingerprint), never a Python object per item: at 10M items Python lists of ids and edge
+    tuples took ~280 MB per million."""
+    fp_ids: dict[Shape, int] = {}
+    ptr = np.zeros(len(code_fps) + 1, dtype=np.int64)
+    flat: list[int] = []
+    for j, fl in enumerate(code_fps):
+        flat.extend(fp_ids.setdefault(fp, len(fp_ids)) for fp in fl)
+        ptr[j + 1] = len(flat)
+    uniq = list(fp_ids)  # first-seen order
+    flat_a = np.asarray(flat, dtype=np.int64)
+    rows = np.flatnonzero(code >= 0)
+    lens = ptr[code[rows] + 1] - ptr[code[rows]]
+    item_rank = np.repeat(rank[rows], lens)  # one row per (item, fingerprint)
+    first = np.repeat(ptr[code[rows]], lens)
+    del rows
+    item_fp = flat_a[first + (np.arange(len(item_rank)) - np.repeat(np.cumsum(lens) - lens, lens))]
+    del first, lens, flat_a
+    skel_ids: dict[tuple[str, str], int] = {}
+    skel = np.array([skel_ids.setdefault((fp.kind, fp.skeleton), len(skel_ids))
+                     if fp.kind != "tokens" and fp.size >= astfp.MIN_SKELETON_NODES else -1 for fp in uniq], dtype=np.int64)
+    small = np.array([j if skel[j] < 0 and fp.subtrees else -1 for j, fp in enumerate(uniq)], dtype=np.int64)
+    pieces = [(a, b, reason, np.ones(len(a))) for a, b, reason in
+              [(*_star(skel[item_fp] if len(uniq) else item_fp, item_rank), "ast_skeleton"),
+               (*_star(small[item_fp] if len(uniq) else item_fp, item_rank), "ast_subtree")]]
+    entries = [j for j, fp in enumerate(uniq) if fp.subtrees]
     if len(entries) > 1:
-        docs = [" ".join(sorted(fp.subtrees)) for fp in entries]
+        low = np.full(len(uniq), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(low, item_fp, item_rank)  # each fingerprint's smallest item
+        docs = [" ".join(uniq[j].hashes()) for j in entries]  # sorted: hex of equal length sorts as the number
         sigs = signatures(docs, num_perm=num_perm, seed=seed, k=1)
         cand_threshold = max(0.05, astfp.SUBTREE_JACCARD - 0.15)  # recall first; verified below
-        seen = set()
+        seen: dict[tuple[int, int], float] = {}
         for a, b, _ in lsh_pairs([f"{j:09d}" for j in range(len(entries))], sigs, threshold=cand_threshold, seed=seed,
                                  backend="memory"):  # one entry per distinct code shape: small
             fa, fb = entries[int(a)], entries[int(b)]
-            hit = astfp.collide(fa, fb)
+            hit = astfp.collide(uniq[fa].fingerprint(), uniq[fb].fingerprint())
             if hit and hit[0] == "subtree":
-                x, y = min(members[fa]), min(members[fb])
-                x, y = min(x, y), max(x, y)
+                x, y = sorted((int(low[fa]), int(low[fb])))
                 if x != y and (x, y) not in seen:
-                    seen.add((x, y))
-                    out.append((x, y, "ast_subtree", round(hit[1], 6)))
-    return out
+                    seen[(x, y)] = round(hit[1], 6)
+        if seen:
+            ab = np.array(list(seen), dtype=np.int64)
+            pieces.append((ab[:, 0].copy(), ab[:, 1].copy(), "ast_subtree", np.fromiter(seen.values(), np.float64, len(seen))))
+    return pieces
+
+
+def _star(group: np.ndarray, item: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Star edges (smallest item of each group, every other item) over (group, item) rows;
+    group < 0 joins nothing; an item listed twice in a group counts once."""
+    keep = group >= 0
+    g, it = group[keep], item[keep]
+    if not len(g):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.lexsort((it, g))
+    g, it = g[order], it[order]
+    new = np.ones(len(g), dtype=bool)
+    new[1:] = (g[1:] != g[:-1]) | (it[1:] != it[:-1])
+    g, it = g[new], it[new]
+    head = np.ones(len(g), dtype=bool)
+    head[1:] = g[1:] != g[:-1]
+    root = it[np.flatnonzero(head)][np.cumsum(head) - 1]
+    return root[~head], it[~head]
 
 
 def components(ids: Sequence[str], edges: Iterable[tuple]) -> tuple[np.ndarray, list[str]]:
@@ -261,8 +334,11 @@ def build_clusters(
     sig_file = tempfile.TemporaryFile(dir=tmp) if text_col else None
     sig_dtype = None
     has_text_parts: list[np.ndarray] = []
-    fp_cache: dict[str, list[astfp.Fingerprint]] = {}
-    fps: dict[str, list] = {c: [] for c in code_cols}
+    # code texts are kept as a 16-byte digest -> index into their fingerprints (one task's
+    # trajectories mostly carry the same final patch: each distinct text is fingerprinted once)
+    code_index: dict[str, dict[bytes, int]] = {c: {} for c in code_cols}
+    code_fps: dict[str, list] = {c: [] for c in code_cols}
+    code_parts: dict[str, list[np.ndarray]] = {c: [] for c in code_cols}
     key_codes: dict[str, dict[Any, int]] = {c: {} for c in key_cols}
     key_parts: dict[str, list[np.ndarray]] = {c: [] for c in key_cols}
     for m, cols in batches:
@@ -275,22 +351,25 @@ def build_clusters(
             del part
             has_text_parts.append(np.fromiter((bool(t and t.strip()) for t in texts), dtype=bool, count=m))
         for c in code_cols:
-            out = fps[c]
-            for code in cols[c]:
+            index, known = code_index[c], code_fps[c]
+            part = np.full(m, -1, dtype=np.int64)
+            for j, code in enumerate(cols[c]):
                 if not code:
-                    out.append(())
                     continue
-                fp = fp_cache.get(code)
-                if fp is None:  # one task's trajectories mostly carry the same final patch
-                    fp = fp_cache[code] = (astfp.fingerprint_patch(code) if looks_like_patch(code)
-                                           else astfp.fingerprint_code(code))
-                out.append(fp)
+                key = hashlib.blake2b(code.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+                at = index.get(key)
+                if at is None:
+                    at = index[key] = len(known)
+                    known.append(tuple(Shape.of(fp) for fp in (
+                        astfp.fingerprint_patch(code) if looks_like_patch(code) else astfp.fingerprint_code(code))))
+                part[j] = at
+            code_parts[c].append(part)
         for c in key_cols:
             codes = key_codes[c]  # first-seen order, as key_edges groups
             key_parts[c].append(np.fromiter(
                 (-1 if v is None or v == "" else codes.setdefault(v, len(codes)) for v in cols[c]), dtype=np.int64, count=m))
         del cols
-    del fp_cache, key_codes
+    del code_index, key_codes
     ids = pa.concat_arrays(id_parts) if id_parts else pa.array([], pa.string())
     del id_parts
     n = len(ids)
@@ -303,7 +382,7 @@ def build_clusters(
     rank[order] = np.arange(n, dtype=np.int64)
     sorted_ids = ids.take(pa.array(order))
     del ids
-    pieces: list[tuple] = []  # (rank a, rank b, reason or reason per edge, score)
+    pieces: list[tuple] = []  # (rank a, rank b, reason, score or None for 1.0)
     if text_col:
         dtype = np.dtype(sig_dtype or np.uint32)
         release = None
@@ -329,11 +408,14 @@ def build_clusters(
         if lsh_backend == "duckdb":
             from .lsh_index import candidate_pairs_ooc
 
-            for a, b, s in candidate_pairs_ooc(sigs, threshold, spanning, rows=None if len(has_text) == n else has_text,
-                                               release=release):
-                ra, rb = rank[a], rank[b]
-                pieces.append((np.minimum(ra, rb), np.maximum(ra, rb), "minhash", s.astype(np.float64)))
+            got = [(np.minimum(rank[a], rank[b]), np.maximum(rank[a], rank[b]), s.astype(np.float64))
+                   for a, b, s in candidate_pairs_ooc(sigs, threshold, spanning,
+                                                      rows=None if len(has_text) == n else has_text, release=release)]
             del sigs
+            if got:
+                pieces.append((*(np.concatenate([g[k] for g in got]) for k in range(2)), "minhash",
+                               np.concatenate([g[2] for g in got])))
+            del got
         else:
             sub_ids = [int(r) for r in rank[has_text]]
             pairs = lsh_pairs(sub_ids, sigs[has_text], threshold, seed, spanning=spanning, backend=lsh_backend)
@@ -342,14 +424,12 @@ def build_clusters(
                 a, b, s = (np.asarray(x) for x in zip(*pairs))
                 pieces.append((a.astype(np.int64), b.astype(np.int64), "minhash", s.astype(np.float64)))
     for c in code_cols:
-        # ast_edges only sorts and compares ids: ranks give the same edges as the id strings
-        e = ast_edges(rank.tolist(), fps.pop(c), seed=seed, num_perm=num_perm)
-        pieces.append((np.fromiter((x[0] for x in e), np.int64, len(e)), np.fromiter((x[1] for x in e), np.int64, len(e)),
-                       np.array([x[2] for x in e], dtype=object), np.fromiter((x[3] for x in e), np.float64, len(e))))
-        del e
+        codes = np.concatenate(code_parts.pop(c)) if n else np.zeros(0, np.int64)
+        pieces.extend(ast_pairs(rank, codes, code_fps.pop(c), seed=seed, num_perm=num_perm))
+        del codes
     for c, reason in key_cols.items():
         a, b = _key_pairs(rank, np.concatenate(key_parts.pop(c)) if n else np.zeros(0, np.int64))
-        pieces.append((a, b, reason, np.ones(len(a))))
+        pieces.append((a, b, reason, None))
     labels = _component_labels(n, [(p[0], p[1]) for p in pieces])  # over ranks
     ncomp = int(labels.max()) + 1 if n else 0
     smallest = np.full(ncomp, n, dtype=np.int64)
@@ -362,12 +442,24 @@ def build_clusters(
         "cluster_id": cids.take(pa.array(lab)),
         "cluster_size": pa.array(sizes[lab].astype(np.int64), pa.int64()),
     })
-    parts = [pa.table({"a": sorted_ids.take(pa.array(a)), "b": sorted_ids.take(pa.array(b)),
-                       "reason": pa.array(reason if isinstance(reason, np.ndarray) else np.full(len(a), reason, dtype=object), pa.string()),
-                       "score": pa.array(s, pa.float64())}) for a, b, reason, s in pieces]
-    edge_tbl = pa.concat_tables(parts).combine_chunks() if parts else pa.table({
+    del labels, lab, rank
+    # one table chunk a piece, each piece's arrays dropped as soon as its chunk exists (at 10M
+    # rows ~40M edges: holding the integer pieces, the table and a combined copy at once did not
+    # fit 4 GB); a piece's reason is one value, so the column is dictionary-encoded (one byte an
+    # edge; it reads as strings, and the warehouse column is VARCHAR)
+    parts = []
+    pieces.reverse()
+    while pieces:
+        a, b, reason, s = pieces.pop()
+        parts.append(pa.table({"a": sorted_ids.take(pa.array(a)), "b": sorted_ids.take(pa.array(b)),
+                               "reason": pa.DictionaryArray.from_arrays(pa.repeat(pa.scalar(0, pa.int8()), len(a)),
+                                                                        pa.array([reason], pa.string())),
+                               "score": pa.repeat(pa.scalar(1.0, pa.float64()), len(a)) if s is None
+                               else pa.array(s, pa.float64())}))
+        del a, b, s
+    edge_tbl = pa.concat_tables(parts) if parts else pa.table({
         "a": pa.array([], pa.string()), "b": pa.array([], pa.string()),
-        "reason": pa.array([], pa.string()), "score": pa.array([], pa.float64())})
+        "reason": pa.array([], pa.dictionary(pa.int8(), pa.string())), "score": pa.array([], pa.float64())})
     return clusters, edge_tbl
 
 
@@ -376,7 +468,8 @@ def _component_labels(n: int, edges: Sequence[tuple[np.ndarray, np.ndarray]]) ->
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    src = np.concatenate([e[0] for e in edges]) if edges else np.zeros(0, np.int64)
-    dst = np.concatenate([e[1] for e in edges]) if edges else np.zeros(0, np.int64)
+    small = np.int32 if n < 2**31 else np.int64  # half the memory of the edge list at 10M rows
+    src = np.concatenate([e[0].astype(small, copy=False) for e in edges]) if edges else np.zeros(0, small)
+    dst = np.concatenate([e[1].astype(small, copy=False) for e in edges]) if edges else np.zeros(0, small)
     g = coo_matrix((np.ones(len(src), dtype=np.int8), (src, dst)), shape=(n, n))
     return connected_components(g, directed=False)[1].astype(np.int64)

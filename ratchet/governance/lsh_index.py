@@ -74,7 +74,15 @@ def candidate_pairs_ooc(
     of the verified graph: the same connected components, at most n - 1 pairs). `rows`
     (ascending row indices) restricts the search to those rows without copying `sigs`.
     `release` (for memory-mapped `sigs`) is called after each chunk read from them, to drop
-    those pages from this process."""
+    those pages from this process.
+
+    Every candidate pair is listed (and deduplicated across bands by DuckDB) only without
+    `spanning`. With it, each band's rows are read sorted by band key, and a group of rows sharing
+    a key is checked as a star from its first row, then pair by pair only where its rows are still
+    in different components: a family of k near-copies costs k - 1 checks per band instead of
+    k(k - 1)/2 pairs (at 10M trajectories, 50 runs a task, the full pair list is ~2 billion rows
+    before deduplication and did not fit DuckDB's memory limit). Every candidate pair is either
+    checked or already connected, so the components are those of the full verified graph."""
     import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -88,29 +96,70 @@ def candidate_pairs_ooc(
     if base:
         os.makedirs(base, exist_ok=True)
     work = tempfile.mkdtemp(prefix="ratchet-lsh-", dir=base)
+    parent = np.arange(n, dtype=np.int64) if spanning else None
+    rb = sigs[:, : b * r]
+
+    def verify(a: np.ndarray, c: np.ndarray):
+        """The pairs (a, c) that share a band exactly and reach the threshold (spanning: and
+        still join two components, which they then merge)."""
+        if spanning:
+            keep = _find(parent, a) != _find(parent, c)
+            a, c = a[keep], c[keep]
+        if not len(a):
+            return None
+        # an exactly equal band (drops 64-bit key collisions), then the Jaccard estimate
+        same_band = (rb[a].reshape(len(a), b, r) == rb[c].reshape(len(c), b, r)).all(axis=2).any(axis=1)
+        a, c = a[same_band], c[same_band]
+        score = np.mean(sigs[a] == sigs[c], axis=1)
+        ok = score >= threshold
+        a, c, score = a[ok], c[ok], score[ok]
+        if spanning:
+            take = np.zeros(len(a), dtype=bool)
+            for j, (x, y) in enumerate(zip(a.tolist(), c.tolist())):
+                rx, ry = _find1(parent, x), _find1(parent, y)
+                if rx != ry:
+                    parent[rx] = ry
+                    take[j] = True
+            a, c, score = a[take], c[take], score[take]
+        if release:
+            release()
+        return (a, c, score) if len(a) else None
+
     try:
         bands_dir = os.path.join(work, "bands")
-        os.makedirs(bands_dir)
-        band_col = np.tile(np.arange(b, dtype=np.int16), _ROWS_PER_FILE)
+        for j in range(b):
+            os.makedirs(os.path.join(bands_dir, f"band={j}"))
         m = n if rows is None else len(rows)
         for f, i0 in enumerate(range(0, m, _ROWS_PER_FILE)):
             i1 = min(m, i0 + _ROWS_PER_FILE)
             part = np.arange(i0, i1, dtype=np.int64) if rows is None else np.asarray(rows[i0:i1], dtype=np.int64)
-            keys = _band_keys(sigs[i0:i1] if rows is None else sigs[part], b, r).reshape(-1)
-            ids = np.repeat(part.astype(np.int32), b)
-            pq.write_table(pa.table({"band": band_col[: len(keys)], "key": keys, "id": ids}),
-                           os.path.join(bands_dir, f"{f:06d}.parquet"))
+            keys = _band_keys(sigs[i0:i1] if rows is None else sigs[part], b, r)
+            ids = pa.array(part.astype(np.int32))
+            for j in range(b):  # one folder per band: a band's query reads only its own keys
+                pq.write_table(pa.table({"key": keys[:, j], "id": ids}), os.path.join(bands_dir, f"band={j}", f"{f:06d}.parquet"))
             if release:
                 release()
-        pairs_path = os.path.join(work, "pairs.parquet")
         con = duckdb.connect()
         try:
             con.execute(f"set memory_limit='{memory_limit}'")
             con.execute(f"set temp_directory='{os.path.join(work, 'spill')}'")
             con.execute("set preserve_insertion_order=false")
+            if spanning:
+                for j in range(b):
+                    files = os.path.join(bands_dir, f"band={j}", "*.parquet")
+                    reader = con.sql(f"""
+                        with k as (select key, id from read_parquet('{files}', hive_partitioning = false)),
+                        shared as (select key from k group by key having count(*) > 1)
+                        select key, id from k where key in (select key from shared) order by key, id
+                        """).to_arrow_reader(_PAIR_BATCH)
+                    for keys, ids in _whole_groups(reader):
+                        yield from _span_groups(keys, ids, parent, verify)
+                    shutil.rmtree(os.path.join(bands_dir, f"band={j}"), ignore_errors=True)
+                return
+            pairs_path = os.path.join(work, "pairs.parquet")
             con.execute(f"""
                 copy (
-                  with k as (select band, key, id from read_parquet('{bands_dir}/*.parquet')),
+                  with k as (select band, key, id from read_parquet('{bands_dir}/*/*.parquet', hive_partitioning = true)),
                   shared as (select band, key from k group by band, key having count(*) > 1),
                   g as (select k.band, k.key, k.id from k join shared using (band, key))
                   select distinct x.id as a, y.id as b
@@ -119,36 +168,55 @@ def candidate_pairs_ooc(
         finally:
             con.close()
         shutil.rmtree(bands_dir, ignore_errors=True)
-        parent = np.arange(n, dtype=np.int64) if spanning else None
-        rb = sigs[:, : b * r]
         for batch in pq.ParquetFile(pairs_path).iter_batches(batch_size=_PAIR_BATCH):
-            a = batch.column(0).to_numpy().astype(np.int64)
-            c = batch.column(1).to_numpy().astype(np.int64)
-            if spanning:
-                keep = _find(parent, a) != _find(parent, c)
-                a, c = a[keep], c[keep]
-            if not len(a):
-                continue
-            # an exactly equal band (drops 64-bit key collisions), then the Jaccard estimate
-            same_band = (rb[a].reshape(len(a), b, r) == rb[c].reshape(len(c), b, r)).all(axis=2).any(axis=1)
-            a, c = a[same_band], c[same_band]
-            score = np.mean(sigs[a] == sigs[c], axis=1)
-            ok = score >= threshold
-            a, c, score = a[ok], c[ok], score[ok]
-            if spanning:
-                take = np.zeros(len(a), dtype=bool)
-                for j, (x, y) in enumerate(zip(a.tolist(), c.tolist())):
-                    rx, ry = _find1(parent, x), _find1(parent, y)
-                    if rx != ry:
-                        parent[rx] = ry
-                        take[j] = True
-                a, c, score = a[take], c[take], score[take]
-            if release:
-                release()
-            if len(a):
-                yield a, c, score
+            got = verify(batch.column(0).to_numpy().astype(np.int64), batch.column(1).to_numpy().astype(np.int64))
+            if got:
+                yield got
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _whole_groups(reader):
+    """(keys, ids) numpy chunks of a stream sorted by key, each holding whole key groups (the
+    last group of a batch is held back until the next batch shows where it ends)."""
+    carry_k = np.zeros(0, np.uint64)
+    carry_i = np.zeros(0, np.int64)
+    for batch in reader:
+        k = np.concatenate([carry_k, batch.column(0).to_numpy()])
+        i = np.concatenate([carry_i, batch.column(1).to_numpy().astype(np.int64)])
+        cut = int(np.searchsorted(k, k[-1], side="left")) if len(k) else 0
+        if cut:
+            yield k[:cut], i[:cut]
+        carry_k, carry_i = k[cut:], i[cut:]
+    if len(carry_k):
+        yield carry_k, carry_i
+
+
+def _span_groups(keys: np.ndarray, ids: np.ndarray, parent: np.ndarray, verify):
+    """Spanning pairs of whole key groups (ids ascending within a group): first a star from each
+    group's first row, then, in groups whose rows are still in several components, every pair
+    whose ends are still apart (the star's own pairs were checked already)."""
+    head = np.ones(len(keys), dtype=bool)
+    head[1:] = keys[1:] != keys[:-1]
+    gid = np.cumsum(head) - 1
+    starts = np.flatnonzero(head)
+    got = verify(ids[starts][gid[~head]], ids[~head])
+    if got:
+        yield got
+    roots = _find(parent, ids)
+    apart = np.unique(gid[roots != roots[starts][gid]])
+    ends = np.append(starts[1:], len(ids))
+    for g in apart.tolist():
+        members = ids[starts[g]:ends[g]]
+        for p in range(1, len(members) - 1):
+            rr = _find(parent, members)
+            if (rr == rr[0]).all():
+                break  # the whole group is one component now
+            far = members[p + 1:][rr[p + 1:] != rr[p]]
+            if len(far):
+                got = verify(np.full(len(far), members[p], dtype=np.int64), far)
+                if got:
+                    yield got
 
 
 def lsh_pairs_ooc(

@@ -164,3 +164,43 @@ def test_candidate_rows_restrict_the_search_to_those_rows(corpus):
         assert set(a.tolist()) | set(b.tolist()) <= set(rows.tolist())
         got |= {(ids[x], ids[y]) for x, y in zip(a.tolist(), b.tolist())}
     assert got == sub and len(got) > 100
+
+
+def _labels(n: int, batches) -> list[int]:
+    parent = list(range(n))
+
+    def find(x):
+        while parent[x] != x:
+            x = parent[x]
+        return x
+    for a, b, _ in batches:
+        for x, y in zip(a.tolist(), b.tolist()):
+            parent[find(x)] = find(y)
+    roots = [find(i) for i in range(n)]
+    first = {}
+    return [first.setdefault(r, len(first)) for r in roots]
+
+
+def test_spanning_checks_the_pairs_of_a_group_whose_first_row_matches_nothing():
+    """Spanning mode checks a key group as a star from its first row, then the pairs still apart:
+    row 0 shares a band with rows 1 and 2 but is otherwise far from both, while 1 and 2 are near
+    copies; they must still join (as they do when every candidate pair is listed)."""
+    b, r = lsh_index.lsh_params(0.8, 128)
+    rng = np.random.default_rng(0)
+    sigs = rng.integers(0, 2**32, size=(4, 128), dtype=np.uint64).astype(np.uint32)
+    sigs[1] = sigs[2]
+    sigs[2, -5:] = rng.integers(0, 2**32, 5, dtype=np.uint64).astype(np.uint32)  # score 123/128
+    sigs[0, :r] = sigs[1, :r]  # one shared band: a candidate of 1 and 2, score ~0.1
+    full = list(lsh_index.candidate_pairs_ooc(sigs, 0.8, spanning=False))
+    span = list(lsh_index.candidate_pairs_ooc(sigs, 0.8, spanning=True))
+    assert _labels(4, span) == _labels(4, full) == [0, 1, 1, 2]
+    assert [(int(x), int(y)) for a, c, _ in span for x, y in zip(a, c)] == [(1, 2)]
+
+
+def test_spanning_gives_the_components_of_every_verified_pair(corpus):
+    ids, _, sigs = corpus
+    full = list(lsh_index.candidate_pairs_ooc(sigs, 0.8, spanning=False))
+    span = list(lsh_index.candidate_pairs_ooc(sigs, 0.8, spanning=True))
+    n_span = sum(len(a) for a, _, _ in span)
+    assert _labels(len(ids), span) == _labels(len(ids), full)
+    assert n_span == len(ids) - len(set(_labels(len(ids), full))) < sum(len(a) for a, _, _ in full)
