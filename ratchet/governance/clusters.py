@@ -3,7 +3,8 @@ same-issue edges. A cluster is the unit a split takes whole.
 
 Rows produced (pyarrow Tables, written as-is to the warehouse):
   dedup_clusters: id (str), cluster_id (str), cluster_size (int64)
-  dedup_edges:    a (str), b (str), reason (str, dictionary-encoded), score (float64)     with a < b
+  dedup_edges:    a (str), b (str), reason (str), score (float64)     with a < b
+                  (a, b and reason dictionary-encoded: they read as strings)
 reasons: "minhash" (estimated Jaccard of prompt text), "ast_skeleton", "ast_subtree" (see
 ast_fingerprint), "same_repo", "same_issue" (score 1.0). Key edges are a star from the
 smallest id of each group, so n members give n-1 edges, not n^2.
@@ -11,6 +12,7 @@ cluster_id = "dc-" + sha1(smallest member id)[:16]: stable as long as that membe
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import tempfile
@@ -352,7 +354,7 @@ def build_clusters(
             has_text_parts.append(np.fromiter((bool(t and t.strip()) for t in texts), dtype=bool, count=m))
         for c in code_cols:
             index, known = code_index[c], code_fps[c]
-            part = np.full(m, -1, dtype=np.int64)
+            part = np.full(m, -1, dtype=np.int32)
             for j, code in enumerate(cols[c]):
                 if not code:
                     continue
@@ -367,7 +369,7 @@ def build_clusters(
         for c in key_cols:
             codes = key_codes[c]  # first-seen order, as key_edges groups
             key_parts[c].append(np.fromiter(
-                (-1 if v is None or v == "" else codes.setdefault(v, len(codes)) for v in cols[c]), dtype=np.int64, count=m))
+                (-1 if v is None or v == "" else codes.setdefault(v, len(codes)) for v in cols[c]), dtype=np.int32, count=m))
         del cols
     del code_index, key_codes
     ids = pa.concat_arrays(id_parts) if id_parts else pa.array([], pa.string())
@@ -377,11 +379,13 @@ def build_clusters(
         raise ValueError(f"duplicate ids in column {id_col!r}: each item needs its own id")
     # rank = position in id order: integers ordered like the ids, so the smallest id of a group,
     # "a < b" and every ordering below are integer comparisons (UTF-8 byte order = str order)
-    order = pc.sort_indices(ids).to_numpy().astype(np.int64)
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n, dtype=np.int64)
+    # (int32 below 2^31 rows: every edge list below is over ranks, and at 10M rows ~40M edges)
+    idx = np.int32 if n < 2**31 else np.int64
+    order = pc.sort_indices(ids).to_numpy().astype(idx)
+    rank = np.empty(n, dtype=idx)
+    rank[order] = np.arange(n, dtype=idx)
     sorted_ids = ids.take(pa.array(order))
-    del ids
+    del ids, order
     pieces: list[tuple] = []  # (rank a, rank b, reason, score or None for 1.0)
     if text_col:
         dtype = np.dtype(sig_dtype or np.uint32)
@@ -424,13 +428,14 @@ def build_clusters(
                 a, b, s = (np.asarray(x) for x in zip(*pairs))
                 pieces.append((a.astype(np.int64), b.astype(np.int64), "minhash", s.astype(np.float64)))
     for c in code_cols:
-        codes = np.concatenate(code_parts.pop(c)) if n else np.zeros(0, np.int64)
+        codes = np.concatenate(code_parts.pop(c)) if n else np.zeros(0, np.int32)
         pieces.extend(ast_pairs(rank, codes, code_fps.pop(c), seed=seed, num_perm=num_perm))
         del codes
     for c, reason in key_cols.items():
-        a, b = _key_pairs(rank, np.concatenate(key_parts.pop(c)) if n else np.zeros(0, np.int64))
+        a, b = _key_pairs(rank, np.concatenate(key_parts.pop(c)) if n else np.zeros(0, np.int32))
         pieces.append((a, b, reason, None))
     labels = _component_labels(n, [(p[0], p[1]) for p in pieces])  # over ranks
+    gc.collect()  # scipy's graph copies are garbage now: give their pages back before the tables
     ncomp = int(labels.max()) + 1 if n else 0
     smallest = np.full(ncomp, n, dtype=np.int64)
     np.minimum.at(smallest, labels, np.arange(n, dtype=np.int64))
@@ -443,22 +448,23 @@ def build_clusters(
         "cluster_size": pa.array(sizes[lab].astype(np.int64), pa.int64()),
     })
     del labels, lab, rank
-    # one table chunk a piece, each piece's arrays dropped as soon as its chunk exists (at 10M
-    # rows ~40M edges: holding the integer pieces, the table and a combined copy at once did not
-    # fit 4 GB); a piece's reason is one value, so the column is dictionary-encoded (one byte an
-    # edge; it reads as strings, and the warehouse column is VARCHAR)
+    # Edge columns are dictionary-encoded: a and b index the sorted ids (4 bytes an edge, where
+    # strings took ~13 plus the id's length), reason is one value a piece (1 byte). They read as
+    # strings, and the warehouse columns are VARCHAR. At 10M rows (~40M edges) string columns
+    # were ~1.5 GB of the 4 GB. One table chunk a piece, its arrays dropped as it is built.
+    ref = pa.int32() if idx is np.int32 else pa.int64()
     parts = []
     pieces.reverse()
     while pieces:
         a, b, reason, s = pieces.pop()
-        parts.append(pa.table({"a": sorted_ids.take(pa.array(a)), "b": sorted_ids.take(pa.array(b)),
-                               "reason": pa.DictionaryArray.from_arrays(pa.repeat(pa.scalar(0, pa.int8()), len(a)),
-                                                                        pa.array([reason], pa.string())),
-                               "score": pa.repeat(pa.scalar(1.0, pa.float64()), len(a)) if s is None
-                               else pa.array(s, pa.float64())}))
+        parts.append(pa.table({
+            "a": pa.DictionaryArray.from_arrays(pa.array(a.astype(idx, copy=False), ref), sorted_ids),
+            "b": pa.DictionaryArray.from_arrays(pa.array(b.astype(idx, copy=False), ref), sorted_ids),
+            "reason": pa.DictionaryArray.from_arrays(pa.repeat(pa.scalar(0, pa.int8()), len(a)), pa.array([reason], pa.string())),
+            "score": pa.repeat(pa.scalar(1.0, pa.float64()), len(a)) if s is None else pa.array(s, pa.float64())}))
         del a, b, s
     edge_tbl = pa.concat_tables(parts) if parts else pa.table({
-        "a": pa.array([], pa.string()), "b": pa.array([], pa.string()),
+        "a": pa.array([], pa.dictionary(ref, pa.string())), "b": pa.array([], pa.dictionary(ref, pa.string())),
         "reason": pa.array([], pa.dictionary(pa.int8(), pa.string())), "score": pa.array([], pa.float64())})
     return clusters, edge_tbl
 
