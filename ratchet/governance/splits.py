@@ -47,30 +47,124 @@ def _order(cid: str, seed: int) -> str:
     return hashlib.sha256(f"{seed}:{cid}".encode()).hexdigest()
 
 
-def _greedy(clusters: dict[str, list[dict]], targets: dict[str, int], slice_totals: Counter, seed: int,
-            assigned: dict[str, int], per_slice: dict[str, Counter], slice_col: str) -> dict[str, str]:
+def _greedy(names: list[str], sizes: list[int], cluster_slices: list[list[tuple[int, int]]], free: list[int],
+            targets: dict[str, int], slice_totals: list[int], seed: int, assigned: dict[str, int],
+            per_slice: dict[str, list[int]]) -> dict[int, str]:
+    """Cluster index -> split for the `free` clusters. cluster_slices holds (slice code, count) in
+    the order the slices first appear in the cluster: the score sums floats in that order, so
+    near-ties break the same way whatever the input's container."""
     splits = [s for s in SPLITS if targets.get(s, 0) > 0] or ["train"]
     frac = {s: targets.get(s, 0) / max(sum(targets.values()), 1) for s in splits}
     out = {}
-    for cid in sorted(clusters, key=lambda c: (-len(clusters[c]), _order(c, seed))):
-        members = clusters[cid]
-        size = len(members)
-        sl = Counter(m.get(slice_col) for m in members)
+    for c in sorted(free, key=lambda c: (-sizes[c], _order(names[c], seed))):
+        size = sizes[c]
+        sl = cluster_slices[c]
 
         def score(s: str) -> float:
             deficit = (targets[s] - assigned[s]) / max(targets[s], 1)
-            for key, c in sl.items():
+            for key, n in sl:
                 t = slice_totals[key] * frac[s]
-                deficit += c / size * (t - per_slice[s][key]) / max(t, 1)
+                deficit += n / size * (t - per_slice[s][key]) / max(t, 1)
             return deficit
 
         fits = [s for s in splits if assigned[s] + size <= targets[s]]
         pool = fits or splits  # nothing fits: overflow the split that lacks most
         best = max(pool, key=lambda s: (score(s), -SPLITS.index(s)))
-        out[cid] = best
+        out[c] = best
         assigned[best] += size
-        per_slice[best].update(sl)
+        for key, n in sl:
+            per_slice[best][key] += n
     return out
+
+
+def _factorize(values: list) -> tuple[list[int], int]:
+    codes: dict = {}  # hash equality, as a Counter keyed by the values would group them
+    return [codes.setdefault(v, len(codes)) for v in values], len(codes)
+
+
+def _str_array(col):
+    """[str(v) for v in col] as one pa.string array; string columns stay columnar (null -> "None")."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if pa.types.is_dictionary(col.type) and pa.types.is_string(col.type.value_type):
+        col = col.cast(pa.string())
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return (pc.fill_null(col, "None") if col.null_count else col).cast(pa.string())
+    return pa.array([str(v) for v in col.to_pylist()], pa.string())
+
+
+def _columns(items: Any, id_col: str, cluster_col: str, slice_col: str):
+    """(ids, cluster ids, slice codes, number of slice keys, slice output column) of the input.
+    An Arrow table or record batch is read column by column, never as row objects."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(items, (pa.Table, pa.RecordBatch)):
+        n = items.num_rows
+        names = items.schema.names
+        for c in (id_col, cluster_col):
+            if c not in names and n:
+                raise KeyError(c)
+        if n == 0:
+            empty = pa.array([], pa.string())
+            return empty, empty, np.zeros(0, np.int64), 0, empty
+        ids, cids = _str_array(items.column(id_col)), _str_array(items.column(cluster_col))
+        if slice_col not in names:
+            return ids, cids, np.zeros(n, np.int64), 1, pa.nulls(n, pa.string())
+        sl = items.column(slice_col)
+        if isinstance(sl, pa.ChunkedArray):
+            sl = sl.combine_chunks() if sl.num_chunks != 1 else sl.chunk(0)
+        if pa.types.is_dictionary(sl.type) and pa.types.is_string(sl.type.value_type):
+            sl = sl.cast(pa.string())
+        if pa.types.is_string(sl.type) or pa.types.is_large_string(sl.type):
+            enc = pc.dictionary_encode(sl, null_encoding="encode")  # codes in first-appearance order
+            codes = enc.indices.to_numpy(zero_copy_only=False)
+            return ids, cids, codes, len(enc.dictionary), sl.cast(pa.string())
+        values = sl.to_pylist()  # an unusual slice type: group the Python values as the row path does
+    else:
+        rows = rows_of(items)
+        ids = pa.array([str(r[id_col]) for r in rows], pa.string())
+        cids = pa.array([str(r[cluster_col]) for r in rows], pa.string())
+        values = [r.get(slice_col) for r in rows]
+    codes, k = _factorize(values)
+    out = pa.array([None if v is None else str(v) for v in values], pa.string())
+    return ids, cids, np.asarray(codes, np.int64), k, out
+
+
+def _pair_counts(cc, sc, k: int, n_sk: int):
+    """Distinct cluster * n_sk + slice codes (ascending), the row each first occurs at, and its count.
+    With few slices the codes index flat arrays (no sort of n codes: that is the memory peak)."""
+    import numpy as np
+
+    n = len(cc)
+    if k * n_sk > 2 * n + 4096:  # many slices: sparse pairs
+        return np.unique(cc.astype(np.int64) * n_sk + sc, return_index=True, return_counts=True)
+    dt = np.int32 if k * n_sk < 2**31 and n < 2**31 else np.int64
+    pair = cc.astype(dt) * dt(n_sk) + sc.astype(dt)
+    counts = np.bincount(pair, minlength=k * n_sk)
+    first = np.full(k * n_sk, n, np.int64)
+    np.minimum.at(first, pair, np.arange(n, dtype=dt))
+    del pair
+    present = np.flatnonzero(counts)
+    return present, first[present], counts[present]
+
+
+def _has_repeats(ids) -> bool:
+    """Whether any id occurs twice: neighbours after a sort, compared a block at a time (a hash
+    set of 10M strings would cost more memory than the rest of the split)."""
+    import pyarrow.compute as pc
+
+    order = pc.sort_indices(ids)
+    step = 1 << 20
+    for a in range(0, len(ids) - 1, step):
+        block = ids.take(order.slice(a, step + 1))
+        if pc.any(pc.equal(block.slice(1), block.slice(0, len(block) - 1))).as_py():
+            return True
+    return False
 
 
 def assign_splits(
@@ -84,29 +178,63 @@ def assign_splits(
     previous: Mapping[str, str] | None = None,
 ):
     """Assign every item a split. Returns a pyarrow Table (id, cluster_id, slice, split, reason).
-    A locked `manifest` is verified first (ManifestError if tampered)."""
+    A locked `manifest` is verified first (ManifestError if tampered).
+    items: rows (dicts), a DataFrame, or a pyarrow Table / RecordBatch, which is worked on as
+    columns (cluster codes and counts in numpy; Python loops only over clusters), so memory stays
+    a few small arrays per row."""
+    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    rows = rows_of(items)
-    clusters: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        clusters[str(r[cluster_col])].append(r)
-    split_of: dict[str, tuple[str, str]] = {}  # id -> (split, reason)
+    ids, cids, sc, n_sk, slice_out = _columns(items, id_col, cluster_col, slice_col)
+    n = len(ids)
+    enc = pc.dictionary_encode(cids)  # cluster codes in first-appearance order
+    cc = enc.indices.to_numpy(zero_copy_only=False)
+    names = enc.dictionary.to_pylist()
+    k = len(names)
+    sizes = np.bincount(cc, minlength=k)
+    # (cluster, slice) counts, each cluster's slices in the order they first appear in it
+    pair, first, counts = _pair_counts(cc, sc, k, max(n_sk, 1))
+    p_cluster, p_slice = pair // max(n_sk, 1), pair % max(n_sk, 1)
+    o = np.lexsort((first, p_cluster))
+    p_cluster, p_slice, counts = p_cluster[o], p_slice[o], counts[o]
+    del pair, first, o
+    bounds = np.searchsorted(p_cluster, np.arange(k + 1)).tolist()
+    sl_l, cnt_l = p_slice.tolist(), counts.tolist()
+
+    # per row: split code (index into split_names) and reason code (index into reasons)
+    split_names = [*SPLITS, EXCLUDED]
+    split_code = np.zeros(n, np.int8)
+    reasons = ["locked_holdout", "previous", "assigned"]
+    reason_code = np.zeros(n, np.int32)
+    phase = np.full(k, 2, np.int8)  # 0 locked, 1 previous, 2 greedy: the order rows are decided in
     locked = manifest is not None and manifest.locked
-    free = dict(clusters)
-    n_free = len(rows)
+    free = np.ones(k, bool)
+    row_locked = np.zeros(n, bool)
+    n_free = n
     if locked:
         verify_manifest(manifest)
-        hold = set(manifest.task_ids)
-        for cid, members in clusters.items():
-            in_hold = sorted(str(m[id_col]) for m in members if str(m[id_col]) in hold)
-            if in_hold:
-                for m in members:
-                    i = str(m[id_col])
-                    split_of[i] = ("holdout", "locked_holdout") if i in hold else (
-                        EXCLUDED, f"shares cluster {cid} with locked holdout task {in_hold[0]}")
-                del free[cid]
-                n_free -= len(members)
+        hold = pa.array(sorted({t for t in manifest.task_ids if isinstance(t, str)}), pa.string())
+        in_hold = pc.is_in(ids, value_set=hold).to_numpy(zero_copy_only=False)
+        hold_rows = np.flatnonzero(in_hold)
+        first_hold: dict[int, str] = {}
+        for c, i in zip(cc[hold_rows].tolist(), ids.take(pa.array(hold_rows)).to_pylist()):
+            if c not in first_hold or i < first_hold[c]:
+                first_hold[c] = i
+        reasons[2] = "new_cluster"
+        excl = np.zeros(k, np.int32)
+        for c in sorted(first_hold):
+            excl[c] = len(reasons)
+            reasons.append(f"shares cluster {names[c]} with locked holdout task {first_hold[c]}")
+        locked_c = np.zeros(k, bool)
+        locked_c[list(first_hold)] = True
+        free &= ~locked_c
+        phase[locked_c] = 0
+        row_locked = locked_c[cc]
+        split_code[row_locked] = np.where(in_hold[row_locked], 2, 3)
+        reason_code[row_locked] = np.where(in_hold[row_locked], 0, excl[cc[row_locked]])
+        n_free = n - int(row_locked.sum())
+        del in_hold
         # holdout is frozen: the rest is shared by train and val in their reference ratio
         tv = targets.get("train", 0) + targets.get("val", 0)
         val = targets.get("val", 0) if n_free >= tv else round(n_free * targets.get("val", 0) / max(tv, 1))
@@ -114,33 +242,60 @@ def assign_splits(
     else:
         tgt = split_targets(n_free, targets)
     assigned = {s: 0 for s in SPLITS}
-    per_slice: dict[str, Counter] = {s: Counter() for s in SPLITS}
+    per_slice = {s: [0] * n_sk for s in SPLITS}
     if previous:
-        for cid in list(free):
-            prev = Counter(previous.get(str(m[id_col])) for m in free[cid])
-            prev.pop(None, None)
-            prev = Counter({s: c for s, c in prev.items() if s in ("train", "val") or (s == "holdout" and not locked)})
-            if prev:
-                s = max(prev, key=lambda s: (prev[s], -SPLITS.index(s)))
-                for m in free[cid]:
-                    split_of[str(m[id_col])] = (s, "previous")
-                assigned[s] += len(free[cid])
-                per_slice[s].update(m.get(slice_col) for m in free[cid])
-                del free[cid]
-    slice_totals = Counter(r.get(slice_col) for c in free.values() for r in c)
-    for s in SPLITS:  # previous assignments count toward targets and slice targets
-        slice_totals.update(per_slice[s])
-    chosen = _greedy(free, tgt, slice_totals, seed, assigned, per_slice, slice_col)
-    for cid, s in chosen.items():
-        for m in free[cid]:
-            split_of[str(m[id_col])] = (s, "new_cluster" if locked else "assigned")
-    ids = [str(r[id_col]) for r in rows]
+        allowed = ("train", "val") if locked else SPLITS
+        votes = np.zeros((len(SPLITS), k), np.int64)
+        for si, s in enumerate(SPLITS):
+            if s not in allowed:
+                continue
+            keys = [i for i, v in previous.items() if v == s and isinstance(i, str)]
+            if keys:
+                m = pc.is_in(ids, value_set=pa.array(keys, pa.string())).to_numpy(zero_copy_only=False)
+                votes[si] = np.bincount(cc[m], minlength=k)  # votes in locked clusters go unused
+        prev_c = free & (votes.sum(axis=0) > 0)
+        choice = votes.argmax(axis=0)  # most votes; on a tie the first of train, val, holdout
+        for c in np.flatnonzero(prev_c).tolist():
+            s = SPLITS[int(choice[c])]
+            assigned[s] += int(sizes[c])
+            for j in range(bounds[c], bounds[c + 1]):
+                per_slice[s][sl_l[j]] += cnt_l[j]
+        rows_prev = prev_c[cc]
+        split_code[rows_prev] = choice[cc[rows_prev]]
+        reason_code[rows_prev] = 1
+        free &= ~prev_c
+        phase[prev_c] = 1
+        del votes, rows_prev
+    slice_totals = np.bincount(sc[~row_locked], minlength=n_sk).tolist()  # free and previous rows
+    del row_locked
+    cluster_slices = [list(zip(sl_l[bounds[c]:bounds[c + 1]], cnt_l[bounds[c]:bounds[c + 1]])) for c in range(k)]
+    free_l = np.flatnonzero(free).tolist()
+    chosen = _greedy(names, sizes.tolist(), cluster_slices, free_l, tgt, slice_totals, seed, assigned, per_slice)
+    greedy_split = np.zeros(k, np.int8)
+    rank = np.arange(k, dtype=np.int64)  # locked and previous clusters are decided in input order
+    for pos, (c, s) in enumerate(chosen.items()):
+        greedy_split[c] = SPLITS.index(s)
+        rank[c] = pos
+    rows_free = free[cc]
+    split_code[rows_free] = greedy_split[cc[rows_free]]
+    reason_code[rows_free] = 2
+    del rows_free
+    if _has_repeats(ids):
+        # a repeated id: every copy takes the decision made last, as one id -> split mapping would
+        idc = pc.dictionary_encode(ids).indices.to_numpy(zero_copy_only=False)
+        key = phase.astype(np.int64)[cc] * (k + 1) + rank[cc]
+        o = np.lexsort((np.arange(n), key, idc))
+        last = o[np.r_[idc[o][1:] != idc[o][:-1], True]]
+        winner = np.empty(int(idc.max()) + 1, np.int64)
+        winner[idc[last]] = last
+        w = winner[idc]
+        split_code, reason_code = split_code[w], reason_code[w]
     return pa.table({
-        "id": pa.array(ids, pa.string()),
-        "cluster_id": pa.array([str(r[cluster_col]) for r in rows], pa.string()),
-        "slice": pa.array([None if r.get(slice_col) is None else str(r.get(slice_col)) for r in rows], pa.string()),
-        "split": pa.array([split_of[i][0] for i in ids], pa.string()),
-        "reason": pa.array([split_of[i][1] for i in ids], pa.string()),
+        "id": ids,
+        "cluster_id": cids,
+        "slice": slice_out,
+        "split": pa.array(split_names, pa.string()).take(pa.array(split_code)),
+        "reason": pa.array(reasons, pa.string()).take(pa.array(reason_code)),
     })
 
 
