@@ -194,7 +194,7 @@ def _child(n: int, phases: bool = False) -> None:
 
         mark(cl, "signatures", "read + signatures")
         mark_gen(lsh_index, "candidate_pairs_ooc", "lsh (band keys, DuckDB, verify)", "cluster: ast + keys")
-        mark(cl, "ast_edges", "cluster: ast + keys")
+        mark(cl, "ast_pairs", "cluster: ast + keys")
         mark(cl, "_component_labels", "components")
     with tempfile.TemporaryDirectory(prefix="ratchet-dedup-bench-", dir=os.environ.get("RATCHET_DEDUP_TMP")) as tmp:
         path = os.path.join(tmp, "trajectories.parquet")

@@ -167,8 +167,11 @@ def ast_pairs(
         sigs = signatures(docs, num_perm=num_perm, seed=seed, k=1)
         cand_threshold = max(0.05, astfp.SUBTREE_JACCARD - 0.15)  # recall first; verified below
         seen: dict[tuple[int, int], float] = {}
-        for a, b, _ in lsh_pairs([f"{j:09d}" for j in range(len(entries))], sigs, threshold=cand_threshold, seed=seed,
-                                 backend="memory"):  # one entry per distinct code shape: small
+        # one entry per distinct code shape, but 200k shapes at 10M trajectories: datasketch's
+        # in-memory index of them held ~1.7 GB until garbage-collected; the out-of-core backend
+        # gives the same pairs, taken in sorted order so the first score kept does not depend on it
+        for a, b, _ in sorted(lsh_pairs([f"{j:09d}" for j in range(len(entries))], sigs, threshold=cand_threshold,
+                                        seed=seed, backend="duckdb")):
             fa, fb = entries[int(a)], entries[int(b)]
             hit = astfp.collide(uniq[fa].fingerprint(), uniq[fb].fingerprint())
             if hit and hit[0] == "subtree":
@@ -470,12 +473,24 @@ def build_clusters(
 
 
 def _component_labels(n: int, edges: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Connected components over integer edges (scipy.sparse.csgraph), one label per node."""
+    """Connected components over integer edges (scipy.sparse.csgraph), one label per node. One
+    edge list at a time over the components so far: scipy copies a graph into float64 CSR plus
+    its transpose, ~26 bytes an edge, so all ~40M edges of 10M rows at once took ~1.7 GB; a list
+    at a time needs a quarter of that, and the components are the same (labels are renumbered,
+    which nothing downstream depends on)."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    small = np.int32 if n < 2**31 else np.int64  # half the memory of the edge list at 10M rows
-    src = np.concatenate([e[0].astype(small, copy=False) for e in edges]) if edges else np.zeros(0, small)
-    dst = np.concatenate([e[1].astype(small, copy=False) for e in edges]) if edges else np.zeros(0, small)
-    g = coo_matrix((np.ones(len(src), dtype=np.int8), (src, dst)), shape=(n, n))
-    return connected_components(g, directed=False)[1].astype(np.int64)
+    idx = np.int32 if n < 2**31 else np.int64
+    labels = np.arange(n, dtype=idx)
+    m = n
+    for a, b in edges:
+        if not len(a):
+            continue
+        la, lb = labels[a], labels[b]
+        g = coo_matrix((np.ones(len(la), dtype=np.int8), (la, lb)), shape=(m, m))
+        del la, lb
+        m, sub = connected_components(g, directed=False)
+        del g
+        labels = sub.astype(idx, copy=False)[labels]
+    return labels.astype(np.int64)
