@@ -1,0 +1,106 @@
+"""Batch accounting: the summary's counts, the batch time and compact()'s result are what the
+warehouse holds, and one file that vanishes mid-batch drops only itself."""
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+import ratchet.ingest as ingest_mod
+from ratchet import samples
+from ratchet.ingest import SKIPPED_LISTED, compact, ingest
+
+
+def _good(tid: str) -> str:
+    return json.dumps({"trajectory_id": tid, "task_id": "t", "messages": [{"role": "user", "content": tid}]}) + "\n"
+
+
+def _inbox(tmp_path: Path) -> Path:
+    d = tmp_path / "in"  # tmp_path also holds the home (warehouse, landing)
+    d.mkdir()
+    return d
+
+
+def _files(wh, batch_id):
+    with wh.connect() as con:
+        return {Path(f).name: (s, r, a) for f, s, r, a in con.execute(
+            'SELECT source_file, status, skip_reason, accepted FROM ingest_files WHERE batch_id = ?',
+            [batch_id]).fetchall()}
+
+
+def test_batch_is_stamped_with_its_start_time_and_counts_its_files(tmp_path, wh):
+    tmp_path = _inbox(tmp_path)
+    for n in ("a", "b", "c"):
+        (tmp_path / f"{n}.jsonl").write_text(_good(n))
+    before = datetime.now(timezone.utc)
+    s = ingest([tmp_path], wh)
+    assert s.files == 3 and s.accepted == 3
+    with wh.connect() as con:
+        started = con.execute("SELECT started_at FROM ingest_batches WHERE batch_id = ?", [s.batch_id]).fetchone()[0]
+    assert started is not None and abs(started - before) < timedelta(minutes=1)
+
+
+def test_every_skipped_file_counts_and_the_first_hundred_are_named(tmp_path, wh):
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "real.jsonl").write_text(_good("r"))
+    n = SKIPPED_LISTED + 1
+    for i in range(n):
+        (d / f".hidden-{i:03}.jsonl").write_text(_good(f"h{i}"))
+    s = ingest([d], wh)
+    assert s.skipped == n and sum(s.skip_reasons.values()) == n
+    assert len(s.skipped_files) == SKIPPED_LISTED
+    assert sum(st == "skipped" for st, _r, _a in _files(wh, s.batch_id).values()) == n
+
+
+def test_a_file_vanishing_mid_batch_skips_only_that_file(tmp_path, wh, monkeypatch):
+    tmp_path = _inbox(tmp_path)
+    for n in ("a", "b", "c", "d"):
+        (tmp_path / f"{n}.jsonl").write_text(_good(n))
+    real = ingest_mod.check_regular
+    calls = {"b": 0}
+
+    def flaky(f, *a, **k):
+        # b.jsonl is there at discovery, gone when the loop opens it
+        if Path(f).name == "b.jsonl":
+            calls["b"] += 1
+            raise ingest_mod.SkipFile("vanished", "gone since discovery")
+        return real(f, *a, **k)
+
+    monkeypatch.setattr(ingest_mod, "check_regular", flaky)
+    s = ingest([tmp_path], wh)
+    assert calls["b"] and s.accepted == 3 and s.skipped == 1
+    rows = _files(wh, s.batch_id)
+    assert rows["b.jsonl"][:2] == ("skipped", "vanished")
+    assert all(rows[f"{n}.jsonl"] == ("read", None, 1) for n in ("a", "c", "d"))
+
+
+def test_compact_merges_two_parts_keeps_every_row_and_counts_debris(tmp_path, wh):
+    for i in range(2):
+        f = tmp_path / f"batch{i}.jsonl"
+        f.write_text(_good(f"x{i}a") + _good(f"x{i}b"))
+        ingest([f], wh)
+    assert len(wh.part_names()) == 2
+
+    def rows():
+        with wh.connect() as con:
+            return con.execute("SELECT * FROM trajectories ORDER BY trajectory_id").fetchall()
+
+    before = rows()
+    (wh.trajectory_dir / ".staging-dead").mkdir()
+    (wh.trajectory_dir / "left.tmp").write_bytes(b"x")
+    got = compact(wh)
+    assert isinstance(got, dict) and got["merged"] == 2 and got["debris_removed"] == 2
+    assert len(wh.part_names()) == 1 and rows() == before and len(before) == 4
+
+
+def test_reports_joined_sums_over_the_prediction_files_of_a_batch(tmp_path, wh):
+    preds, reports = samples.swebench_predictions()
+    for i, p in enumerate(preds):  # one prediction per file: the batch total is the sum of the files'
+        (tmp_path / f"preds{i}.jsonl").write_text(json.dumps(p) + "\n")
+    for inst, rep in reports.items():
+        d = tmp_path / "logs" / inst
+        d.mkdir(parents=True)
+        (d / "report.json").write_text(json.dumps(rep))
+    s = ingest([tmp_path / f"preds{i}.jsonl" for i in range(len(preds))], wh)
+    assert s.accepted == len(preds) and s.reports_joined == 2
