@@ -397,6 +397,11 @@ class RLConfig(dg.Config):
     # step to register (0: the last step); a step past kl_limit stops the run (0: no limit)
     validation_tasks: int = 8
     kl_limit: float = _R.rl_kl_limit
+    # "embedded": the GRPO trainer in this process; "verl": VeRL (GPU, ray) through Dagster Pipes
+    backend: str = "embedded"
+    verl_gpus: int = 1
+    verl_launcher: str = "subprocess"   # "subprocess" | "docker" (the dagster-docker extra)
+    verl_image: str | None = None       # the docker launcher's image (VeRL + Ratchet installed)
 
 
 @dg.asset(partitions_def=CANDIDATES, group_name="training", owners=OWNERS["training"], pool="training",
@@ -418,6 +423,10 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
     from sandboxes.bundle import TaskBundle
     from sandboxes.runtime import LocalRuntime
 
+    if config.backend not in ("embedded", "verl") or (
+            config.backend == "verl" and config.verl_launcher not in ("subprocess", "docker")):
+        raise dg.Failure(f"unknown RL backend {config.backend!r} / launcher {config.verl_launcher!r}: "
+                         f"backend is 'embedded' or 'verl', verl_launcher 'subprocess' or 'docker'")
     cand, home = context.partition_key, get_home(warehouse.home)
     tenant = tenant_of(cand)          # a malformed candidate key fails before any work
     gate = _gate(warehouse, context, tenant)
@@ -439,6 +448,9 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
                               rl_kl_limit=config.kl_limit)
     validation = _val_bundles(warehouse, config.validation_tasks, config.max_turns)
     out_dir = _dir(warehouse, cand, f"rl-from-{sft['version']}")     # a re-run resumes here
+    if config.backend == "verl":
+        return _rl_verl(context, config, warehouse, tracking, sft=sft, bundles=bundles, out_dir=out_dir,
+                        settings=settings, gate=gate, home=home)
     with tracking.run(EXPERIMENT, f"rl {cand}", tags={"ratchet.stage": "rl"}, dagster_run_id=context.run_id,
                     partition=cand) as run:
         run.log_params({"start": sft["checkpoint_id"], **settings.grpo().__dict__})
@@ -472,6 +484,66 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLConfig, warehouse
         stopped=res.stopped or "",
         reward_last=last.get("reward"), pass_rate_last=last.get("pass_rate"), gate=dg.MetadataValue.json(gate),
         step_versions=dg.MetadataValue.json({str(s["step"]): s["checkpoint_id"] for s in steps})))
+
+
+def _rl_verl(context, config: RLConfig, warehouse, tracking, *, sft, bundles, out_dir, settings, gate, home):
+    """rl_checkpoint on VeRL: the run goes through Pipes under ratchet.training.verl_backend's
+    wrapper (its process-group teardown stops ray on a cancel); the merged folder is registered
+    as the embedded path's checkpoint is."""
+    import sys
+    import time
+
+    from ratchet.training import verl_backend
+    from ratchet.training.lineage import environment_digest, inherited_manifest
+    from ratchet.training.verl_launch import VerlConfigError
+
+    if config.verl_launcher == "docker":       # what the docker launcher needs, before any work
+        try:
+            import dagster_docker  # noqa: F401
+        except ImportError:
+            raise dg.Failure("verl_launcher 'docker' needs dagster-docker: pip install dagster-docker") from None
+        if not config.verl_image:
+            raise dg.Failure("verl_launcher 'docker' needs verl_image (VeRL and Ratchet installed)")
+    try:
+        cmd, env, ckpts = verl_backend.prepare(
+            sft["path"], bundles, out_dir, steps=config.steps, group_size=config.group_size,
+            tasks_per_step=config.tasks_per_step, lr=config.learning_rate, beta=config.beta,
+            max_turns=config.max_turns, max_tokens=config.max_tokens, gpus=config.verl_gpus)
+    except (VerlConfigError, ValueError, FileNotFoundError) as e:
+        raise dg.Failure(f"VeRL run not started: {e}") from e
+    wrapped = [sys.executable, "-m", "ratchet.training.verl_backend", "run", "--", *cmd]
+    t0 = time.monotonic()
+    tags = {"ratchet.stage": "rl", "ratchet.backend": "verl"}
+    with tracking.run(EXPERIMENT, f"rl {context.partition_key}", tags=tags,
+                      dagster_run_id=context.run_id, partition=context.partition_key) as run:
+        run.log_params({"start": sft["checkpoint_id"], "backend": "verl", **settings.grpo().__dict__})
+        if config.verl_launcher == "docker":
+            import docker
+            from dagster_docker import PipesDockerClient
+            # the image's own python and Ratchet install; the home is mounted at the same path, so the
+            # parquet, bundles and checkpoints keep the paths the overrides name
+            in_image = ["python", "-m", "ratchet.training.verl_backend", "run", "--", "python", *cmd[1:]]
+            done = PipesDockerClient().run(
+                context=context, image=config.verl_image, command=in_image, env={"PYTHONUNBUFFERED": "1"},
+                container_kwargs={
+                    "device_requests": [docker.types.DeviceRequest(count=config.verl_gpus, capabilities=[["gpu"]])],
+                    "volumes": {str(home.root): {"bind": str(home.root), "mode": "rw"}}})
+        else:
+            done = dg.PipesSubprocessClient().run(context=context, command=wrapped, env=env)
+        # each step's metrics reach the MLflow run through _register (log_history), as the embedded path's
+        history = verl_backend.history(done.get_custom_messages())
+        try:
+            merged = verl_backend.finish(ckpts, out_dir / "merged", env=env)
+        except (FileNotFoundError, RuntimeError) as e:
+            raise dg.Failure(f"VeRL saved no checkpoint to register: {e}",
+                             metadata={"history": dg.MetadataValue.json(history)}) from e
+        manifest = inherited_manifest(sft["path"])
+        env_digest = environment_digest(b.environment_digest for b in bundles)
+        out = _register(warehouse, context, run, "rl", merged, parent=sft["path"], parent_id=sft["checkpoint_id"],
+                        manifest=manifest, env_digest=env_digest, cpu_s=0.0, history=history)
+    return dg.MaterializeResult(metadata=_metadata(
+        home, out, run, merged, steps=len(history), wall_s=round(time.monotonic() - t0, 1), tasks=len(bundles),
+        backend="verl", gate=dg.MetadataValue.json(gate)))
 
 
 # One candidate end to end (SFT then RL), e.g. from a schedule that registers a new candidate each cycle.

@@ -1,0 +1,87 @@
+"""RL on VeRL for the rl_checkpoint asset: prepare the data, overrides and command; run it under
+a wrapper that keeps `run_verl`'s process-group teardown (a Pipes client only stops its direct
+child: the ray cluster below it would outlive a cancel); merge the result to an HF folder.
+
+    python -m ratchet.training.verl_backend run -- CMD...   (the wrapper the asset launches)
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+# A test or a custom launcher puts its own script in place of `python -m verl.trainer.main_ppo`;
+# the overrides are then passed to it as they are, and not composed against VeRL's config.
+ENTRYPOINT_ENV = "RATCHET_VERL_ENTRYPOINT"
+
+
+def prepare(sft_path: str | Path, bundles: Iterable, out_dir: str | Path, *, steps: int, group_size: int,
+            tasks_per_step: int, lr: float, beta: float, max_turns: int, max_tokens: int, gpus: int = 1,
+            env: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str], Path]:
+    """(command, environment, checkpoints dir) of a VeRL GRPO run from `sft_path` on `bundles`.
+    Raises VerlConfigError on an override VeRL's config does not take, before any GPU work."""
+    from ratchet.training.verl_data import write_rl_parquet
+    from ratchet.training.verl_launch import compose_config, grpo_overrides, launch_command, verl_env
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train = write_rl_parquet(list(bundles), out / "verl-train.parquet", bundle_dir=out / "bundles")
+    work = out / "verl"     # grpo_overrides puts the agent-loop file and `checkpoints/` here
+    overrides = grpo_overrides(model_path=sft_path, train_files=[train], out_dir=work, rollout_n=group_size,
+                               kl_coef=beta, lr=lr, train_batch_size=tasks_per_step, max_turns=max_turns,
+                               max_response_length=max_tokens, total_steps=steps, save_freq=steps,
+                               n_gpus_per_node=gpus)
+    base = dict(os.environ if env is None else env)
+    fake = base.get(ENTRYPOINT_ENV)
+    if fake:
+        cmd = [sys.executable, fake, *overrides]
+    else:
+        compose_config(overrides)
+        cmd = launch_command(overrides)
+    return cmd, verl_env(base), work / "checkpoints"
+
+
+def finish(checkpoints: str | Path, target: str | Path, *, env: Mapping[str, str] | None = None) -> Path:
+    """The latest actor checkpoint under `checkpoints` merged into the HF folder `target`."""
+    from ratchet.training.verl_launch import latest_actor_dir, merge_checkpoint
+
+    return merge_checkpoint(latest_actor_dir(checkpoints), target, env=env)
+
+
+def history(messages: Iterable) -> list[dict]:
+    """The wrapper's metric messages (Pipes custom messages) as one dict per step, in step order."""
+    steps: dict[int, dict] = {}
+    for m in messages:
+        if isinstance(m, Mapping) and "step" in m:
+            steps.setdefault(int(m["step"]), {"step": int(m["step"])}).update(m.get("metrics") or {})
+    return [steps[k] for k in sorted(steps)]
+
+
+def run_wrapped(cmd: Sequence[str]) -> int:
+    """Run `cmd` with run_verl inside a Pipes session: each line goes to the Dagster log, each
+    metrics line back as a custom message; SIGTERM/SIGINT (the client's cancel) tear the tree down."""
+    import signal
+    import threading
+
+    from dagster_pipes import open_dagster_pipes
+
+    from ratchet.training.verl_launch import run_verl
+
+    cancel = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: cancel.set())
+    with open_dagster_pipes() as pipes:
+        rc = run_verl(cmd, on_line=pipes.log.info, cancel=cancel,
+                      on_metrics=lambda step, m: pipes.report_custom_message({"step": step, "metrics": m}))
+        if cancel.is_set():
+            pipes.log.warning("VeRL run cancelled: its process tree was stopped")
+    return rc
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if len(args) < 3 or args[:2] != ["run", "--"]:
+        sys.exit("usage: python -m ratchet.training.verl_backend run -- CMD...")
+    rc = run_wrapped(args[2:])
+    sys.exit(rc if rc >= 0 else 128 - rc)
