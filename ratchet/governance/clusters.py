@@ -167,17 +167,18 @@ def ast_pairs(
         sigs = signatures(docs, num_perm=num_perm, seed=seed, k=1)
         cand_threshold = max(0.05, astfp.SUBTREE_JACCARD - 0.15)  # recall first; verified below
         seen: dict[tuple[int, int], float] = {}
-        # one entry per distinct code shape, but 200k shapes at 10M trajectories: datasketch's
-        # in-memory index of them held ~1.7 GB until garbage-collected; the out-of-core backend
-        # gives the same pairs, taken in sorted order so the first score kept does not depend on it
-        for a, b, _ in sorted(lsh_pairs([f"{j:09d}" for j in range(len(entries))], sigs, threshold=cand_threshold,
-                                        seed=seed, backend="duckdb")):
+        # one entry per distinct code shape (200k at 10M trajectories). In memory: at this low
+        # threshold the out-of-core backend's all-pairs self-join of 200k random functions ran
+        # out of its 256 MB; datasketch's index is freed by the collection right after the loop
+        for a, b, _ in lsh_pairs([f"{j:09d}" for j in range(len(entries))], sigs, threshold=cand_threshold,
+                                 seed=seed, backend="memory"):
             fa, fb = entries[int(a)], entries[int(b)]
             hit = astfp.collide(uniq[fa].fingerprint(), uniq[fb].fingerprint())
             if hit and hit[0] == "subtree":
                 x, y = sorted((int(low[fa]), int(low[fb])))
                 if x != y and (x, y) not in seen:
                     seen[(x, y)] = round(hit[1], 6)
+        gc.collect()  # datasketch's index is a reference cycle: ~0.2 GB per 60k shapes until collected
         if seen:
             ab = np.array(list(seen), dtype=np.int64)
             pieces.append((ab[:, 0].copy(), ab[:, 1].copy(), "ast_subtree", np.fromiter(seen.values(), np.float64, len(seen))))
