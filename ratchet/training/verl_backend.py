@@ -59,7 +59,7 @@ def history(messages: Iterable) -> list[dict]:
 
 
 def run_wrapped(cmd: Sequence[str]) -> int:
-    """Run `cmd` with run_verl inside a Pipes session: each line goes to the Dagster log, each
+    """Run `cmd` with run_verl under Dagster Pipes (open_dagster_pipes): each line goes to the Dagster log, each
     metrics line back as a custom message; SIGTERM/SIGINT (the client's cancel) tear the tree down."""
     import signal
     import threading

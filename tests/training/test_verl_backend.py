@@ -20,7 +20,7 @@ FAKE_MAIN_PPO = textwrap.dedent(r"""
     import json, os, subprocess, sys, time
     args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
     root = args["trainer.default_local_dir"].strip("'")
-    if os.environ.get("FAKE_VERL_PIDS"):     # the cancel test: a grandchild in a session of its own
+    if os.environ.get("FAKE_VERL_PIDS"):     # the cancel test: a grandchild under setsid, out of the process group
         d = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
         open(os.environ["FAKE_VERL_PIDS"], "w").write(json.dumps([os.getpid(), d.pid]))
         time.sleep(600)
@@ -132,7 +132,7 @@ def _alive(pid):
 
 def test_cancel_stops_the_whole_verl_tree(tmp_path, fake_verl):
     """The Pipes client's cancel sends SIGINT to its direct child (the wrapper) only: the wrapper
-    must take VeRL's tree down, a grandchild in a session of its own included."""
+    must take VeRL's tree down, a grandchild started with setsid included."""
     pids_file = tmp_path / "pids.json"
     env = {**os.environ, "FAKE_VERL_PIDS": str(pids_file)}
     cmd = [sys.executable, "-m", "ratchet.training.verl_backend", "run", "--",
