@@ -16,7 +16,6 @@ import gc
 import hashlib
 import os
 import tempfile
-from collections import defaultdict
 from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -44,20 +43,6 @@ def column(data: Any, name: str) -> list:
 
 def cluster_id_for(smallest_member: str) -> str:
     return "dc-" + hashlib.sha1(smallest_member.encode()).hexdigest()[:16]
-
-
-def key_edges(ids: Sequence[str], keys: Sequence[Any], reason: str) -> list[tuple[str, str, str, float]]:
-    """Star edges joining every id that shares a non-empty key with the group's smallest id."""
-    groups: dict[Any, list[str]] = defaultdict(list)
-    for i, k in zip(ids, keys):
-        if k is not None and k != "":
-            groups[k].append(i)
-    out = []
-    for members in groups.values():
-        if len(members) > 1:
-            members.sort()
-            out.extend((members[0], m, reason, 1.0) for m in members[1:] if m != members[0])
-    return out
 
 
 def looks_like_patch(code: str) -> bool:
@@ -203,29 +188,6 @@ def _star(group: np.ndarray, item: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return root[~head], it[~head]
 
 
-def components(ids: Sequence[str], edges: Iterable[tuple]) -> tuple[np.ndarray, list[str]]:
-    """Connected components (scipy.sparse.csgraph) -> (component index per id, cluster ids)."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    index = {x: i for i, x in enumerate(ids)}
-    if len(index) != len(ids):
-        raise ValueError("duplicate ids given to components()")
-    src, dst = [], []
-    for e in edges:
-        if e[0] in index and e[1] in index:
-            src.append(index[e[0]])
-            dst.append(index[e[1]])
-    n = len(ids)
-    g = coo_matrix((np.ones(len(src), dtype=np.int8), (np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64))), shape=(n, n))
-    ncomp, labels = connected_components(g, directed=False)
-    smallest: list[str | None] = [None] * ncomp
-    for x, c in zip(ids, labels.tolist()):
-        if smallest[c] is None or x < smallest[c]:
-            smallest[c] = x
-    return labels, [cluster_id_for(s) for s in smallest]  # type: ignore[arg-type]
-
-
 _BATCH_ROWS = 1 << 14
 # signatures at least this large are memory-mapped from their temp file, not read into memory
 _SIG_MMAP_BYTES = 1 << 30
@@ -287,8 +249,8 @@ def _row_batches(rows, columns):
 
 
 def _key_pairs(rank: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`key_edges` on integers: star edges from the smallest-ranked row of each key group to
-    the others (codes < 0 join nothing), groups in first-seen order, members by rank."""
+    """Key edges (same repo, same issue) on integers: star edges from the smallest-ranked row of
+    each key group to the others (codes < 0 join nothing), groups in first-seen order, members by rank."""
     rows = np.flatnonzero(codes >= 0)
     if not len(rows):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
