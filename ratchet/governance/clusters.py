@@ -365,8 +365,11 @@ def build_clusters(
             mm = mmap.mmap(sig_file.fileno(), 0, access=mmap.ACCESS_READ)
             sigs = np.frombuffer(mm, dtype=dtype).reshape(n, num_perm)
 
-            def release():
-                mm.madvise(mmap.MADV_DONTNEED)
+            def release(offset: int = 0, length: int | None = None):
+                start = offset - offset % mmap.PAGESIZE  # madvise wants a page-aligned start
+                end = len(mm) if length is None else min(len(mm), offset + length)
+                if end > start:
+                    mm.madvise(mmap.MADV_DONTNEED, start, end - start)
         else:
             sig_file.seek(0)
             sigs = np.fromfile(sig_file, dtype=dtype).reshape(n, num_perm)

@@ -126,7 +126,7 @@ def test_streamed_input_gives_the_clusters_and_signatures_of_the_rows(corpus, tm
 
         def counting(*a, release=None, **kw):
             assert release is not None
-            return real(*a, release=lambda: (released.append(1), release()), **kw)
+            return real(*a, release=lambda *r: (released.append(1), release(*r)), **kw)
         monkeypatch.setattr(lsh_index, "candidate_pairs_ooc", counting)
     tbl = pa.Table.from_pylist(rows)
     pq.write_table(tbl, tmp_path / "items.parquet", row_group_size=1000)
@@ -204,3 +204,30 @@ def test_spanning_gives_the_components_of_every_verified_pair(corpus):
     n_span = sum(len(a) for a, _, _ in span)
     assert _labels(len(ids), span) == _labels(len(ids), full)
     assert n_span == len(ids) - len(set(_labels(len(ids), full))) < sum(len(a) for a, _, _ in full)
+
+
+def test_gather_reads_mapped_rows_a_window_at_a_time_and_drops_each(tmp_path, monkeypatch):
+    """Rows of a memory-mapped matrix come back equal to fancy indexing (repeats and order
+    kept), read in file order, and every window they were read from is released: one fault
+    maps a whole page-cache folio, so random rows left unreleased pin most of the file."""
+    import mmap
+
+    rng = np.random.default_rng(3)
+    want = rng.integers(0, 2**32, size=(5000, 32), dtype=np.uint32)
+    path = tmp_path / "sigs.bin"
+    path.write_bytes(want.tobytes())
+    monkeypatch.setattr(lsh_index, "_WINDOW_BYTES", 64 * 1024)  # 512 rows of 128 bytes
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        sigs = np.frombuffer(mm, dtype=np.uint32).reshape(want.shape)
+        calls = []
+        rows = np.concatenate([rng.integers(0, 5000, 700), [4999, 0, 4999]])
+        got = lsh_index._gather(sigs, rows, release=lambda off, ln: calls.append((off, ln)))
+        assert np.array_equal(got, want[rows])
+        offsets = [off for off, _ in calls]
+        assert offsets == sorted(set(offsets))  # file order, each window once
+        for r in set(rows.tolist()):
+            assert any(off <= r * 128 < off + ln for off, ln in calls)
+        assert np.array_equal(lsh_index._gather(sigs, rows[:0], release=lambda *a: None), want[:0])
+        del sigs, got
+        mm.close()
