@@ -111,6 +111,7 @@ def ast_pairs(
     code_fps: Sequence[Sequence[Shape]],
     seed: int = DEFAULT_SEED,
     num_perm: int = DEFAULT_NUM_PERM,
+    spanning: bool = False,
 ) -> list[tuple[np.ndarray, np.ndarray, str, np.ndarray]]:
     """AST edges over integers: item i has rank `rank[i]` (ids' sort order) and code `code[i]`
     (an index into `code_fps`, the fingerprints (`Shape`) of each distinct code text; -1: none). Returns
@@ -118,8 +119,9 @@ def ast_pairs(
 
     Skeletons are grouped exactly (a star from each group's smallest item, "ast_skeleton");
     identical small fingerprints join the same way ("ast_subtree", 1.0); shape-set Jaccard
-    candidates among distinct fingerprints come from MinHash LSH (datasketch) at a lower
-    threshold and are checked exactly. Items are handled as numpy arrays (one row per item and
+    candidates among distinct fingerprints come from MinHash LSH (datasketch's banding, out of
+    core) at a lower threshold and are checked exactly; with `spanning` only the subtree edges
+    that join components are kept. Items are handled as numpy arrays (one row per item and
     fingerprint), never a Python object per item: at 10M items Python lists of ids and edge
     tuples took ~280 MB per million."""
     fp_ids: dict[Shape, int] = {}
@@ -152,18 +154,28 @@ def ast_pairs(
         sigs = signatures(docs, num_perm=num_perm, seed=seed, k=1)
         cand_threshold = max(0.05, astfp.SUBTREE_JACCARD - 0.15)  # recall first; verified below
         seen: dict[tuple[int, int], float] = {}
-        # one entry per distinct code shape (200k at 10M trajectories). In memory: at this low
-        # threshold the out-of-core backend's all-pairs self-join of 200k random functions ran
-        # out of its 256 MB; datasketch's index is freed by the collection right after the loop
-        for a, b, _ in lsh_pairs([f"{j:09d}" for j in range(len(entries))], sigs, threshold=cand_threshold,
-                                 seed=seed, backend="memory"):
-            fa, fb = entries[int(a)], entries[int(b)]
-            hit = astfp.collide(uniq[fa].fingerprint(), uniq[fb].fingerprint())
-            if hit and hit[0] == "subtree":
-                x, y = sorted((int(low[fa]), int(low[fb])))
+
+        def check(a: np.ndarray, b: np.ndarray, _est: np.ndarray):
+            """Candidates (entry indices) whose fingerprints collide by shared subtrees."""
+            ok, score = np.zeros(len(a), dtype=bool), np.zeros(len(a))
+            for j, (x, y) in enumerate(zip(a.tolist(), b.tolist())):
+                hit = astfp.collide(uniq[entries[x]].fingerprint(), uniq[entries[y]].fingerprint())
+                if hit and hit[0] == "subtree":
+                    ok[j], score[j] = True, round(hit[1], 6)
+            return ok, score
+
+        # One entry per distinct code shape (200k at 10M trajectories), through the out-of-core
+        # LSH with the collision as its check. With `spanning`, only checks that can still join
+        # two groups of shapes are made (the same components): datasketch's in-memory index of
+        # 200k shapes held ~2 GB at 10M, and the all-pairs join at this low threshold ran out of
+        # DuckDB's 256 MB. Entries joined through one item need no edge (the item joins them).
+        from .lsh_index import candidate_pairs_ooc
+
+        for a, b, score in candidate_pairs_ooc(sigs, cand_threshold, spanning=spanning, check=check):
+            for ea, eb, v in zip(a.tolist(), b.tolist(), score.tolist()):
+                x, y = sorted((int(low[entries[ea]]), int(low[entries[eb]])))
                 if x != y and (x, y) not in seen:
-                    seen[(x, y)] = round(hit[1], 6)
-        gc.collect()  # datasketch's index is a reference cycle: ~0.2 GB per 60k shapes until collected
+                    seen[(x, y)] = v
         if seen:
             ab = np.array(list(seen), dtype=np.int64)
             pieces.append((ab[:, 0].copy(), ab[:, 1].copy(), "ast_subtree", np.fromiter(seen.values(), np.float64, len(seen))))
@@ -398,7 +410,7 @@ def build_clusters(
                 pieces.append((a.astype(np.int64), b.astype(np.int64), "minhash", s.astype(np.float64)))
     for c in code_cols:
         codes = np.concatenate(code_parts.pop(c)) if n else np.zeros(0, np.int32)
-        pieces.extend(ast_pairs(rank, codes, code_fps.pop(c), seed=seed, num_perm=num_perm))
+        pieces.extend(ast_pairs(rank, codes, code_fps.pop(c), seed=seed, num_perm=num_perm, spanning=spanning))
         del codes
     for c, reason in key_cols.items():
         a, b = _key_pairs(rank, np.concatenate(key_parts.pop(c)) if n else np.zeros(0, np.int32))

@@ -92,8 +92,11 @@ def candidate_pairs_ooc(
     tmp_dir: str | None = None,
     rows: np.ndarray | None = None,
     release=None,
+    check=None,
 ):
     """Yield (a_idx, b_idx, score) numpy batches of verified pairs (a_idx < b_idx, row indices).
+    A pair is verified when its estimated Jaccard reaches `threshold` and, given `check(a, b,
+    score) -> (keep mask, score)`, when `check` keeps it (its score replaces the estimate).
     With `spanning` only pairs that join two components so far are yielded (a spanning forest
     of the verified graph: the same connected components, at most n - 1 pairs). `rows`
     (ascending row indices) restricts the search to those rows without copying `sigs`.
@@ -138,6 +141,9 @@ def candidate_pairs_ooc(
         del sa, sc
         ok = score >= threshold
         a, c, score = a[ok], c[ok], score[ok]
+        if check is not None and len(a):
+            ok, score = check(a, c, score)
+            a, c, score = a[ok], c[ok], np.asarray(score)[ok]
         if spanning:
             take = np.zeros(len(a), dtype=bool)
             for j, (x, y) in enumerate(zip(a.tolist(), c.tolist())):

@@ -231,3 +231,50 @@ def test_gather_reads_mapped_rows_a_window_at_a_time_and_drops_each(tmp_path, mo
         assert np.array_equal(lsh_index._gather(sigs, rows[:0], release=lambda *a: None), want[:0])
         del sigs, got
         mm.close()
+
+
+def test_ast_subtree_candidates_out_of_core_match_datasketch_and_spanning_keeps_components():
+    """The AST shape index runs through the out-of-core LSH with the collision as its check:
+    without spanning, its subtree edges are exactly those of datasketch's in-memory index
+    (candidates filtered by estimate, then `collide`); with spanning, fewer edges and the same
+    clusters."""
+    from ratchet.governance import ast_fingerprint as astfp
+    from ratchet.governance.clusters import Shape, ast_pairs
+
+    from .synthetic import mutant_tasks
+
+    tasks = mutant_tasks(25)
+    codes = [t["solution"] for t in tasks]
+    shapes = [tuple(Shape.of(fp) for fp in astfp.fingerprint_code(c)) for c in codes]
+    rank = np.arange(len(codes), dtype=np.int64)
+    code = np.arange(len(codes), dtype=np.int64)
+
+    def subtree_edges(pieces):
+        return {(int(x), int(y)): round(float(s), 6) for a, b, reason, sc in pieces if reason == "ast_subtree"
+                for x, y, s in zip(a, b, sc)}
+
+    full = subtree_edges(ast_pairs(rank, code, shapes))
+    # the oracle: datasketch's index over the distinct shapes, as the in-memory path did it
+    uniq = list(dict.fromkeys(fp for fl in shapes for fp in fl))
+    entries = [j for j, fp in enumerate(uniq) if fp.subtrees]
+    low = {}
+    for i, fl in enumerate(shapes):
+        for fp in fl:
+            low.setdefault(uniq.index(fp), i)
+    sigs = signatures([" ".join(uniq[j].hashes()) for j in entries], k=1)
+    want: dict = {}  # item pair -> the scores of the shape pairs behind it (one is kept)
+    for a, b, _ in lsh_pairs([f"{j:09d}" for j in range(len(entries))], sigs,
+                             threshold=max(0.05, astfp.SUBTREE_JACCARD - 0.15), backend="memory"):
+        fa, fb = entries[int(a)], entries[int(b)]
+        hit = astfp.collide(uniq[fa].fingerprint(), uniq[fb].fingerprint())
+        x, y = sorted((low[fa], low[fb]))
+        if hit and hit[0] == "subtree" and x != y:
+            want.setdefault((x, y), set()).add(round(hit[1], 6))
+    assert full.keys() == want.keys() and len(want) > 20
+    assert all(s in want[p] for p, s in full.items())
+    span = subtree_edges(ast_pairs(rank, code, shapes, spanning=True))
+    assert span.keys() < full.keys()
+    kw = dict(id_col="task_id", text_col=None, code_cols=("solution",), key_cols={})
+    c_full, _ = build_clusters(tasks, spanning=False, **kw)
+    c_span, _ = build_clusters(tasks, spanning=True, **kw)
+    assert c_full.equals(c_span)
