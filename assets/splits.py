@@ -43,8 +43,8 @@ def dedup_clusters(context: dg.AssetExecutionContext, config: DedupConfig, wareh
     import os
     import tempfile
     import time
-    from collections import Counter
 
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from ratchet.clock import now_utc
@@ -79,28 +79,36 @@ def dedup_clusters(context: dg.AssetExecutionContext, config: DedupConfig, wareh
     seconds = time.monotonic() - t0
     now = now_utc()
     rows = cluster_rows(clusters, items, now, context.run_id)
+    del clusters, items
     edges = edge_rows(edges, now)
     store.replace_all({"dedup_clusters": rows, "dedup_edges": edges})
-    sizes = Counter(r["cluster_id"] for r in rows)
-    hist = size_histogram(sizes.values())
-    mixed = len({r["cluster_id"] for r in rows if r["cluster_tasks"] and r["cluster_trajectories"]})
+    n_items = rows.num_rows
+    kinds = {r["values"]: r["counts"] for r in pc.value_counts(rows.column("kind")).to_pylist()}
+    # one row per cluster (its size, and whether it holds both tasks and trajectories)
+    per = rows.group_by("cluster_id").aggregate([("cluster_size", "max"), ("cluster_tasks", "max"),
+                                                 ("cluster_trajectories", "max")])
+    sizes = per.column("cluster_size_max").to_numpy()
+    hist = size_histogram(sizes.tolist())
+    mixed = pc.sum(pc.and_(pc.greater(per.column("cluster_tasks_max"), 0),
+                           pc.greater(per.column("cluster_trajectories_max"), 0))).as_py() or 0
     meta = {
-        "items": len(rows), "dagster/row_count": len(rows), "tasks": sum(r["kind"] == "task" for r in rows),
-        "trajectories": sum(r["kind"] == "trajectory" for r in rows), "clusters": len(sizes),
-        "largest_cluster": max(sizes.values(), default=0), "clusters_with_tasks_and_trajectories": mixed,
+        "items": n_items, "dagster/row_count": n_items, "tasks": kinds.get("task", 0),
+        "trajectories": kinds.get("trajectory", 0), "clusters": per.num_rows,
+        "largest_cluster": int(sizes.max()) if len(sizes) else 0, "clusters_with_tasks_and_trajectories": mixed,
         "size_histogram": dg.MetadataValue.md(md_table(["size", "clusters"], hist.items())),
         "threshold": config.threshold, "seconds": round(seconds, 2)}
-    if config.chart and rows:
+    if config.chart and n_items:
         home = get_home(warehouse.home)
-        path = cluster_chart(hist, f"{len(sizes)} clusters over {len(rows)} items",
+        path = cluster_chart(hist, f"{per.num_rows} clusters over {n_items} items",
                              home.artifacts / f"dedup-clusters-{context.run_id[:8]}.png")
         meta["chart"] = dg.MetadataValue.md(markdown_image(path, "cluster sizes"))
         meta["chart_file"] = home.relative(path)
-    context.log.info(f"dedup: {len(rows)} items -> {len(sizes)} clusters in {seconds:.1f} s")
+    context.log.info(f"dedup: {n_items} items -> {per.num_rows} clusters in {seconds:.1f} s")
     yield dg.MaterializeResult(asset_key="dedup_clusters", metadata=meta)
     yield dg.MaterializeResult(asset_key="dedup_edges", metadata={
         "edges": edges.num_rows, "dagster/row_count": edges.num_rows,
-        "edges_by_reason": dg.MetadataValue.json(dict(Counter(edges.column("reason").to_pylist())))})
+        "edges_by_reason": dg.MetadataValue.json(
+            {r["values"]: r["counts"] for r in pc.value_counts(edges.column("reason")).to_pylist()})})
 
 
 class SplitConfig(dg.Config):
