@@ -70,7 +70,8 @@ def _set_pointer(warehouse: WarehouseResource, info: dict, *parts: str) -> None:
 
 
 def _register(warehouse: WarehouseResource, context: dg.AssetExecutionContext, run, stage: str, checkpoint, *,
-              parent, manifest, env_digest: str, cpu_s: float, history, parent_id: str | None = None) -> dict:
+              parent, manifest, env_digest: str, cpu_s: float, history, parent_id: str | None = None,
+              logged_steps=()) -> dict:
     """What every trained checkpoint gets: its lineage file, an MLflow model version + `checkpoints`
     row (ratchet.training.lineage) and the candidate's pointer for `stage`."""
     from ratchet.training.lineage import record_checkpoint, write_lineage
@@ -80,7 +81,8 @@ def _register(warehouse: WarehouseResource, context: dg.AssetExecutionContext, r
     with warehouse.store().connect() as con:
         out = record_checkpoint(con, run, tenant=tenant_of(cand), candidate=cand.split(":", 1)[1], stage=stage,
                                 checkpoint=checkpoint, parent=parent, parent_id=parent_id, manifest=manifest,
-                                env_digest=env_digest, dagster_run_id=context.run_id, cpu_s=cpu_s, history=history)
+                                env_digest=env_digest, dagster_run_id=context.run_id, cpu_s=cpu_s, history=history,
+                                logged_steps=logged_steps)
     _set_pointer(warehouse, {"path": str(checkpoint), "curve": str(out["curve"]),
                              **{k: out[k] for k in ("checkpoint_id", "model_name", "version")}}, cand, stage)
     return out
@@ -517,6 +519,8 @@ def _rl_verl(context, config: RLConfig, warehouse, tracking, *, sft, bundles, ou
     with tracking.run(EXPERIMENT, f"rl {context.partition_key}", tags=tags,
                       dagster_run_id=context.run_id, partition=context.partition_key) as run:
         run.log_params({"start": sft["checkpoint_id"], "backend": "verl", **settings.grpo().__dict__})
+        # the wrapper logs each step's metrics into this run as the step ends (verl_backend)
+        live = {"MLFLOW_TRACKING_URI": tracking.uri(), verl_backend.RUN_ID_ENV: run.run_id}
         if config.verl_launcher == "docker":
             import docker
             from dagster_docker import PipesDockerClient
@@ -524,14 +528,14 @@ def _rl_verl(context, config: RLConfig, warehouse, tracking, *, sft, bundles, ou
             # parquet, bundles and checkpoints keep the paths the overrides name
             in_image = ["python", "-m", "ratchet.training.verl_backend", "run", "--", "python", *cmd[1:]]
             done = PipesDockerClient().run(
-                context=context, image=config.verl_image, command=in_image, env={"PYTHONUNBUFFERED": "1"},
+                context=context, image=config.verl_image, command=in_image, env={"PYTHONUNBUFFERED": "1", **live},
                 container_kwargs={
                     "device_requests": [docker.types.DeviceRequest(count=config.verl_gpus, capabilities=[["gpu"]])],
                     "volumes": {str(home.root): {"bind": str(home.root), "mode": "rw"}}})
         else:
-            done = dg.PipesSubprocessClient().run(context=context, command=wrapped, env=env)
-        # each step's metrics reach the MLflow run through _register (log_history), as the embedded path's
+            done = dg.PipesSubprocessClient().run(context=context, command=wrapped, env={**env, **live})
         history = verl_backend.history(done.get_custom_messages())
+        live_steps = verl_backend.logged_steps(done.get_custom_messages())  # _register logs the others
         try:
             merged = verl_backend.finish(ckpts, out_dir / "merged", env=env)
         except (FileNotFoundError, RuntimeError) as e:
@@ -540,7 +544,7 @@ def _rl_verl(context, config: RLConfig, warehouse, tracking, *, sft, bundles, ou
         manifest = inherited_manifest(sft["path"])
         env_digest = environment_digest(b.environment_digest for b in bundles)
         out = _register(warehouse, context, run, "rl", merged, parent=sft["path"], parent_id=sft["checkpoint_id"],
-                        manifest=manifest, env_digest=env_digest, cpu_s=0.0, history=history)
+                        manifest=manifest, env_digest=env_digest, cpu_s=0.0, history=history, logged_steps=live_steps)
     return dg.MaterializeResult(metadata=_metadata(
         home, out, run, merged, steps=len(history), wall_s=round(time.monotonic() - t0, 1), tasks=len(bundles),
         backend="verl", gate=dg.MetadataValue.json(gate)))

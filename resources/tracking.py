@@ -24,6 +24,10 @@ class MlflowTracking(ConfigurableResource):
 
         return self.tracking_uri or tracking_uri(get_home(self.home))
 
+    def uri(self) -> str:
+        """The tracking URI runs are written to (what a subprocess needs to log into a run)."""
+        return self._uri()
+
     def ui(self) -> str:
         from ratchet.mlflow_store import ui_url
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 CURVE_KEYS = ("loss", "reward", "kl", "pass_rate", "entropy", "reward_margin")
@@ -111,10 +111,12 @@ def curve_png(history: Sequence[Mapping], path: str | Path, title: str) -> Path:
     return path
 
 
-def log_history(run, history: Sequence[Mapping]) -> None:
-    """Every numeric value of each step row, at that step."""
+def log_history(run, history: Sequence[Mapping], skip: Collection[int] = ()) -> None:
+    """Every numeric value of each step row, at that step (steps in `skip` were logged already)."""
     for i, h in enumerate(history):
-        run.log_metrics({k: v for k, v in h.items() if k != "step"}, step=int(h.get("step", i + 1)))
+        step = int(h.get("step", i + 1))
+        if step not in skip:
+            run.log_metrics({k: v for k, v in h.items() if k != "step"}, step=step)
 
 
 def register_version(run, name: str, checkpoint: str | Path, tags: Mapping[str, object],
@@ -138,16 +140,16 @@ def register_version(run, name: str, checkpoint: str | Path, tags: Mapping[str, 
 def record_checkpoint(con, run, *, tenant: str, candidate: str, stage: str, checkpoint: str | Path,
                       parent: str | Path | None, manifest: Mapping, env_digest: str, dagster_run_id: str | None,
                       cpu_s: float, history: Sequence[Mapping], parent_id: str | None = None,
-                      workdir: str | Path | None = None) -> dict:
+                      workdir: str | Path | None = None, logged_steps: Collection[int] = ()) -> dict:
     """All lineage of one checkpoint (module doc). `manifest`: the data it and its ancestors were
     trained on (`data_manifest` / `inherited_manifest`). `con`: a warehouse connection (None skips
-    the registry row). Returns model name, version, checkpoint id, curve path, tags."""
+    the registry row). `logged_steps`: steps of `history` already in the MLflow run (logged live). Returns model name, version, checkpoint id, curve path, tags."""
     from ratchet.governance.checkpoints import register_checkpoint
 
     name = model_name(tenant, candidate)
     work = Path(workdir or checkpoint)
     curve = curve_png(history, work / f"{stage}_curve.png", f"{stage}: {tenant}/{candidate}")
-    log_history(run, history)
+    log_history(run, history, skip=logged_steps)
     run.log_artifact(str(curve))
     run.log_dict({k: manifest.get(k) for k in ("record_ids", "consent_ids", "task_ids", "manifest_sha256", "n")},
                  "manifest.json")

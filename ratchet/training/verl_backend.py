@@ -1,6 +1,9 @@
 """RL on VeRL for the rl_checkpoint asset: prepare the data, overrides and command; run it under
 a wrapper that keeps `run_verl`'s process-group teardown (a Pipes client only stops its direct
-child: the ray cluster below it would outlive a cancel); merge the result to an HF folder.
+child: the ray cluster below it would outlive a cancel); merge the result to an HF folder. Each
+step's metrics go to the asset's MLflow run as the step ends (RATCHET_MLFLOW_RUN_ID at
+MLFLOW_TRACKING_URI, set by the asset), so a run of hours shows its curves while it runs; a step
+the wrapper could not log is logged by the asset when the run ends.
 
     python -m ratchet.training.verl_backend run -- CMD...   (the wrapper the asset launches)
 """
@@ -14,6 +17,7 @@ from typing import Iterable, Mapping, Sequence
 # A test or a custom launcher puts its own script in place of `python -m verl.trainer.main_ppo`;
 # the overrides are then passed to it as they are, and not composed against VeRL's config.
 ENTRYPOINT_ENV = "RATCHET_VERL_ENTRYPOINT"
+RUN_ID_ENV = "RATCHET_MLFLOW_RUN_ID"
 
 
 def prepare(sft_path: str | Path, bundles: Iterable, out_dir: str | Path, *, steps: int, group_size: int,
@@ -58,6 +62,36 @@ def history(messages: Iterable) -> list[dict]:
     return [steps[k] for k in sorted(steps)]
 
 
+def logged_steps(messages: Iterable) -> set[int]:
+    """The steps whose every metric message says the wrapper logged it to MLflow itself."""
+    ok: dict[int, bool] = {}
+    for m in messages:
+        if isinstance(m, Mapping) and "step" in m:
+            ok[int(m["step"])] = ok.get(int(m["step"]), True) and m.get("mlflow") is True
+    return {k for k, v in ok.items() if v}
+
+
+def mlflow_logger(env: Mapping[str, str] = os.environ):
+    """log(step, metrics) into the MLflow run named by RATCHET_MLFLOW_RUN_ID at MLFLOW_TRACKING_URI,
+    or None when they are not set."""
+    run_id, uri = env.get(RUN_ID_ENV), env.get("MLFLOW_TRACKING_URI")
+    if not run_id or not uri:
+        return None
+    import time
+
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+
+    def log(step: int, metrics: Mapping[str, float]) -> None:
+        at = int(time.time() * 1000)
+        client.log_batch(run_id, metrics=[Metric(k, float(v), at, int(step)) for k, v in metrics.items()
+                                          if isinstance(v, (int, float)) and not isinstance(v, bool)])
+    return log
+
+
 def run_wrapped(cmd: Sequence[str]) -> int:
     """Run `cmd` with run_verl under Dagster Pipes (open_dagster_pipes): each line goes to the Dagster log, each
     metrics line back as a custom message; SIGTERM/SIGINT (the client's cancel) tear the tree down."""
@@ -72,8 +106,23 @@ def run_wrapped(cmd: Sequence[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: cancel.set())
     with open_dagster_pipes() as pipes:
-        rc = run_verl(cmd, on_line=pipes.log.info, cancel=cancel,
-                      on_metrics=lambda step, m: pipes.report_custom_message({"step": step, "metrics": m}))
+        try:
+            log = mlflow_logger()
+        except Exception as e:  # MLflow missing or unreachable: the asset logs the steps at the end
+            pipes.log.warning(f"step metrics will reach MLflow when the run ends, not live: {e}")
+            log = None
+
+        def on_metrics(step: int, metrics: dict) -> None:
+            live = False
+            if log is not None:
+                try:
+                    log(step, metrics)
+                    live = True
+                except Exception as e:
+                    pipes.log.warning(f"step {step}: metrics not logged to MLflow now ({e}); logged when the run ends")
+            pipes.report_custom_message({"step": step, "metrics": metrics, "mlflow": live})
+
+        rc = run_verl(cmd, on_line=pipes.log.info, cancel=cancel, on_metrics=on_metrics)
         if cancel.is_set():
             pipes.log.warning("VeRL run cancelled: its process tree was stopped")
     return rc

@@ -26,6 +26,15 @@ FAKE_MAIN_PPO = textwrap.dedent(r"""
         time.sleep(600)
     for step in (1, 2):
         print(f"step:{step} - actor/pg_loss:{0.5 / step} - critic/score/mean:{step / 4}", flush=True)
+        if step == 1 and os.environ.get("FAKE_VERL_WAIT_LIVE"):  # step 1 must be in MLflow before step 2 runs
+            from mlflow.tracking import MlflowClient
+            c = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+            for _ in range(600):
+                if c.get_metric_history(os.environ["RATCHET_MLFLOW_RUN_ID"], "actor/pg_loss"):
+                    break
+                time.sleep(0.1)
+            else:
+                sys.exit("step 1's metrics did not reach the MLflow run while the run went on")
     actor = os.path.join(root, "global_step_2", "actor")
     os.makedirs(os.path.join(actor, "huggingface"), exist_ok=True)
     open(os.path.join(actor, "fsdp_config.json"), "w").write(json.dumps({"FSDP_version": 2, "world_size": 1}))
@@ -84,7 +93,9 @@ def _materialize(home, instance, key, rl_config):
                           raise_on_error=False, run_config={"ops": {"rl_checkpoint": {"config": rl_config}}})
 
 
-def test_rl_on_verl_registers_the_merged_checkpoint_with_metrics_and_lineage(warehouse_home, fake_verl):
+def test_rl_on_verl_registers_the_merged_checkpoint_with_metrics_and_lineage(warehouse_home, fake_verl, monkeypatch):
+    """Also: each step's metrics are in the MLflow run while VeRL still runs (the fake waits for
+    step 1's before it goes on), and logged once (not again at registration)."""
     from mlflow.tracking import MlflowClient
 
     from ratchet import store
@@ -92,6 +103,7 @@ def test_rl_on_verl_registers_the_merged_checkpoint_with_metrics_and_lineage(war
 
     home, wh = warehouse_home
     instance, key, sft = _with_sft(home, wh)
+    monkeypatch.setenv("FAKE_VERL_WAIT_LIVE", "1")
     r = _materialize(home, instance, key, {"backend": "verl", "steps": 2, "tasks_per_step": 1, "group_size": 2,
                                            "task_limit": 2, "validation_tasks": 0})
     assert r.success, [e.message for e in r.all_events if e.is_failure]
@@ -172,3 +184,21 @@ def test_prepare_composes_the_real_overrides_and_launches_verls_entry(tmp_path, 
                                   tasks_per_step=1, lr=1e-5, beta=0.001, max_turns=2, max_tokens=64)
     assert cmd[1:3] == ["-m", ENTRY] and "actor_rollout_ref.rollout.n=2" in cmd
     assert ckpts == (tmp_path / "out" / "verl" / "checkpoints").resolve() and env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_steps_the_wrapper_could_not_log_are_logged_at_registration():
+    from ratchet.training.lineage import log_history
+    from ratchet.training.verl_backend import history, logged_steps
+
+    msgs = [{"step": 1, "metrics": {"a": 1.0}, "mlflow": True}, {"step": 2, "metrics": {"a": 2.0}, "mlflow": False},
+            {"step": 3, "metrics": {"a": 3.0}}, "not a step", {"step": 1, "metrics": {"b": 0.5}, "mlflow": True}]
+    assert logged_steps(msgs) == {1}
+    assert history(msgs) == [{"step": 1, "a": 1.0, "b": 0.5}, {"step": 2, "a": 2.0}, {"step": 3, "a": 3.0}]
+
+    class Run:
+        logged = []
+
+        def log_metrics(self, metrics, step):
+            self.logged.append((step, metrics))
+    log_history(Run(), history(msgs), skip=logged_steps(msgs))
+    assert Run.logged == [(2, {"a": 2.0}), (3, {"a": 3.0})]
