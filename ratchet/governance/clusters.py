@@ -119,9 +119,9 @@ def ast_pairs(
 
     Skeletons are grouped exactly (a star from each group's smallest item, "ast_skeleton");
     identical small fingerprints join the same way ("ast_subtree", 1.0); shape-set Jaccard
-    candidates among distinct fingerprints come from MinHash LSH (datasketch's banding, out of
-    core) at a lower threshold and are checked exactly; with `spanning` only the subtree edges
-    that join components are kept. Items are handled as numpy arrays (one row per item and
+    candidates among distinct fingerprints come from MinHash LSH at a lower threshold and are
+    checked exactly (datasketch's index; with `spanning`, the out-of-core LSH, keeping only the
+    subtree edges that join components). Items are handled as numpy arrays (one row per item and
     fingerprint), never a Python object per item: at 10M items Python lists of ids and edge
     tuples took ~280 MB per million."""
     fp_ids: dict[Shape, int] = {}
@@ -164,18 +164,30 @@ def ast_pairs(
                     ok[j], score[j] = True, round(hit[1], 6)
             return ok, score
 
-        # One entry per distinct code shape (200k at 10M trajectories), through the out-of-core
-        # LSH with the collision as its check. With `spanning`, only checks that can still join
-        # two groups of shapes are made (the same components): datasketch's in-memory index of
-        # 200k shapes held ~2 GB at 10M, and the all-pairs join at this low threshold ran out of
-        # DuckDB's 256 MB. Entries joined through one item need no edge (the item joins them).
-        from .lsh_index import candidate_pairs_ooc
+        # One entry per distinct code shape (200k at 10M trajectories). With `spanning` (clusters),
+        # through the out-of-core LSH with the collision as its check, made only where it can still
+        # join two groups of shapes: datasketch's in-memory index of 200k shapes held ~2 GB at 10M.
+        # Every pair (`ast_edges`, the contamination check) stays on datasketch's index: the
+        # out-of-core all-pairs join at this low threshold ran out of DuckDB's 256 MB at 100k
+        # random functions. Entries joined through one item need no edge (the item joins them).
+        if spanning:
+            from .lsh_index import candidate_pairs_ooc
 
-        for a, b, score in candidate_pairs_ooc(sigs, cand_threshold, spanning=spanning, check=check):
-            for ea, eb, v in zip(a.tolist(), b.tolist(), score.tolist()):
-                x, y = sorted((int(low[entries[ea]]), int(low[entries[eb]])))
-                if x != y and (x, y) not in seen:
-                    seen[(x, y)] = v
+            found = ((ea, eb, v) for a, b, score in candidate_pairs_ooc(sigs, cand_threshold, spanning=True, check=check)
+                     for ea, eb, v in zip(a.tolist(), b.tolist(), score.tolist()))
+        else:
+            found = ((int(a), int(b), None) for a, b, _ in lsh_pairs(
+                [f"{j:09d}" for j in range(len(entries))], sigs, threshold=cand_threshold, seed=seed, backend="memory"))
+        for ea, eb, v in found:
+            if v is None:
+                ok, sc = check(np.array([ea]), np.array([eb]), None)
+                if not ok[0]:
+                    continue
+                v = float(sc[0])
+            x, y = sorted((int(low[entries[ea]]), int(low[entries[eb]])))
+            if x != y and (x, y) not in seen:
+                seen[(x, y)] = v
+        gc.collect()  # datasketch's index is a reference cycle: ~0.2 GB per 60k shapes until collected
         if seen:
             ab = np.array(list(seen), dtype=np.int64)
             pieces.append((ab[:, 0].copy(), ab[:, 1].copy(), "ast_subtree", np.fromiter(seen.values(), np.float64, len(seen))))

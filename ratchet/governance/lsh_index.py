@@ -154,6 +154,15 @@ def candidate_pairs_ooc(
             a, c, score = a[take], c[take], score[take]
         return (a, c, score) if len(a) else None
 
+    def near(members: np.ndarray):
+        """For one group's residual checks: est(p, rows) -> which of `rows` (positions in
+        `members`) reach the threshold against member p, from the group's signatures gathered
+        once (None when the group is too large to hold: each check then gathers its own rows)."""
+        if len(members) * num_perm * sigs.itemsize > _WINDOW_BYTES:
+            return None
+        g = _gather(sigs, members, release)
+        return lambda p, rows: rows[np.mean(g[rows] == g[p], axis=1) >= threshold]
+
     try:
         bands_dir = os.path.join(work, "bands")
         for j in range(b):
@@ -182,7 +191,7 @@ def candidate_pairs_ooc(
                         select key, id from k where key in (select key from shared) order by key, id
                         """).to_arrow_reader(_PAIR_BATCH)
                     for keys, ids in _whole_groups(reader):
-                        yield from _span_groups(keys, ids, parent, verify)
+                        yield from _span_groups(keys, ids, parent, verify, near)
                     shutil.rmtree(os.path.join(bands_dir, f"band={j}"), ignore_errors=True)
                 return
             pairs_path = os.path.join(work, "pairs.parquet")
@@ -221,10 +230,13 @@ def _whole_groups(reader):
         yield carry_k, carry_i
 
 
-def _span_groups(keys: np.ndarray, ids: np.ndarray, parent: np.ndarray, verify):
+def _span_groups(keys: np.ndarray, ids: np.ndarray, parent: np.ndarray, verify, near=None):
     """Spanning pairs of whole key groups (ids ascending within a group): first a star from each
     group's first row, then, in groups whose rows are still in several components, every pair
-    whose ends are still apart (the star's own pairs were checked already)."""
+    whose ends are still apart (the star's own pairs were checked already). `near(members)`, if
+    given, returns a prefilter est(p, rows) -> rows that reach the threshold, so a large group of
+    unrelated rows (a low threshold over similar documents) costs one gather, not one a member;
+    `verify` re-checks what passes, so the pairs are the same."""
     head = np.ones(len(keys), dtype=bool)
     head[1:] = keys[1:] != keys[:-1]
     gid = np.cumsum(head) - 1
@@ -237,13 +249,16 @@ def _span_groups(keys: np.ndarray, ids: np.ndarray, parent: np.ndarray, verify):
     ends = np.append(starts[1:], len(ids))
     for g in apart.tolist():
         members = ids[starts[g]:ends[g]]
+        est = near(members) if near is not None else None
         for p in range(1, len(members) - 1):
             rr = _find(parent, members)
             if (rr == rr[0]).all():
                 break  # the whole group is one component now
-            far = members[p + 1:][rr[p + 1:] != rr[p]]
+            far = np.flatnonzero(rr[p + 1:] != rr[p]) + p + 1
+            if est is not None and len(far):
+                far = est(p, far)
             if len(far):
-                got = verify(np.full(len(far), members[p], dtype=np.int64), far)
+                got = verify(np.full(len(far), members[p], dtype=np.int64), members[far])
                 if got:
                     yield got
 
