@@ -210,6 +210,9 @@ class _Runner:
     def tool_path(self, name: str) -> str:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Remove what the runner made for itself (idempotent)."""
+
     def popen(self, cmd: list[str], *, env: dict | None = None, status_fd: int | None = None,
               **kw) -> subprocess.Popen:
         """Start `cmd` inside the sandbox, in its own process group (kill with killpg).
@@ -470,6 +473,12 @@ class NoIsolation(_Runner):
             import tempfile
             self._home = tempfile.mkdtemp(prefix="ratchet-home-")
         return self._home
+
+    def close(self) -> None:
+        """Remove the temporary home (one a runner: left behind, each episode leaked a folder)."""
+        if self._home is not None:
+            shutil.rmtree(self._home, ignore_errors=True)
+            self._home = None
 
     def tool_path(self, name: str) -> str:
         return self.spec.tool_files[name]

@@ -268,6 +268,7 @@ class Episode:
             kill_uid(self.uid)          # belt and braces: bwrap's pid namespace already died
         if self._quota_mount:
             quota.unmount(self._quota_mount)     # drops every file at once
+        self._runner.close()
         self.worktree.remove()
         self._lease.release()
         _OPEN.discard(self)

@@ -270,8 +270,11 @@ def test_isolation_none_is_explicit_and_loud(tmp_path):
         rt = LocalRuntime(tmp_path, isolation="none")
     with rt.episode(bundle()) as ep:
         r = ep.run("echo $HOME $PYTHONHASHSEED")
-        assert r.ok and r.stdout.split()[1] == "0" and r.stdout.split()[0] != os.environ.get("HOME")
+        home = r.stdout.split()[0]
+        assert r.ok and r.stdout.split()[1] == "0" and home != os.environ.get("HOME")
         assert ep.run_tests().outcomes["test_solution.py::test_add"] == "failed"
+        assert os.path.isdir(home)
+    assert not os.path.exists(home)  # the episode's temporary home goes with it
 
 
 def test_file_helpers_refuse_escapes(rt):
