@@ -124,42 +124,47 @@ class SplitConfig(dg.Config):
           description="train / val / holdout per task (whole clusters, stratified by slice) and per trajectory "
                       "(its cluster's split). A locked holdout never moves; a tampered manifest fails the run.")
 def split_assignments(context: dg.AssetExecutionContext, config: SplitConfig, warehouse: WarehouseResource) -> dg.MaterializeResult:
-    from collections import Counter
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
     from ratchet.clock import now_utc
     from ratchet.governance.holdout import check_holdout_unmoved, holdout_state
     from ratchet.governance.items import PREVIOUS_SPLITS_SQL, SPLIT_ITEMS_SQL
-    from ratchet.governance.splits import governed_splits, split_summary_md
+    from ratchet.governance.splits import governed_split_table, split_summary_md
+    from ratchet.tables import TS
 
     store = warehouse.store()
     with store.connect() as con:
         state = holdout_state(con, _manifest_path(warehouse, config.manifest_path))  # ManifestError: tampered
-    items = store.read(SPLIT_ITEMS_SQL)
-    previous = {r["id"]: r["split"] for r in store.read(PREVIOUS_SPLITS_SQL)}
+    # columns throughout: one row per trajectory (millions), never a Python dict each
+    items = store.arrow(SPLIT_ITEMS_SQL)
+    previous = store.arrow(PREVIOUS_SPLITS_SQL)
     targets = {"train": config.train, "val": config.val, "holdout": config.holdout}
     manifest = state.manifest if state.locked else None
-    rows = governed_splits(items, targets, seed=config.seed, manifest=manifest, previous=previous)
-    held = {r["source_id"] for r in rows if r["kind"] == "task" and r["split"] == "holdout"}
+    rows = governed_split_table(items, targets, seed=config.seed, manifest=manifest, previous=previous)
+    del items, previous
+    tasks = rows.filter(pc.equal(rows.column("kind"), "task"))
+    held = set(tasks.filter(pc.equal(tasks.column("split"), "holdout")).column("source_id").to_pylist())
     missing = []
     if manifest is not None:
-        missing = check_holdout_unmoved(manifest, held, {r["source_id"] for r in rows if r["kind"] == "task"},
-                                        what="this split")
-    now = now_utc()
-    for r in rows:
-        r["assigned_at"], r["dagster_run_id"] = now, context.run_id
+        missing = check_holdout_unmoved(manifest, held, set(tasks.column("source_id").to_pylist()), what="this split")
+    n = rows.num_rows
+    rows = rows.append_column(pa.field("assigned_at", TS), pa.repeat(pa.scalar(now_utc(), TS), n)) \
+        .append_column("dagster_run_id", pa.repeat(pa.scalar(context.run_id, pa.string()), n))
     store.replace("split_assignments", rows)
-    sizes = Counter((r["kind"], r["split"]) for r in rows)
+    sizes = rows.group_by(["kind", "split"]).aggregate([([], "count_all")]).to_pylist()
     if missing:
         context.log.warning(f"{len(missing)} locked holdout tasks are not in the tasks table (e.g. {missing[:3]})")
     return dg.MaterializeResult(metadata={
-        "dagster/row_count": len(rows),
-        "split_sizes": dg.MetadataValue.json({f"{k}/{s}": n for (k, s), n in sorted(sizes.items())}),
+        "dagster/row_count": n,
+        "split_sizes": dg.MetadataValue.json({f"{r['kind']}/{r['split']}": r["count_all"]
+                                              for r in sorted(sizes, key=lambda r: (r["kind"], r["split"]))}),
         "by_slice": dg.MetadataValue.md(split_summary_md(rows)),
         "holdout_tasks": len(held), "targets": dg.MetadataValue.json(targets),
         "manifest_sha256": manifest.sha256 if manifest else "not locked yet (locked by holdout_manifest)",
         "manifest_version": manifest.version if manifest else 0,
         "holdout_tasks_missing_from_tasks": len(missing),
-        "excluded_contaminated": sum(r["split"] == "excluded_contaminated" for r in rows)})
+        "excluded_contaminated": pc.sum(pc.equal(rows.column("split"), "excluded_contaminated")).as_py() or 0})
 
 
 class ContaminationConfig(dg.Config):

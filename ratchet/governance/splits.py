@@ -175,9 +175,10 @@ def assign_splits(
     targets: Mapping[str, int] = DEFAULT_TARGETS,
     seed: int = 0,
     manifest: HoldoutManifest | None = None,
-    previous: Mapping[str, str] | None = None,
+    previous: Any = None,
 ):
     """Assign every item a split. Returns a pyarrow Table (id, cluster_id, slice, split, reason).
+    `previous`: earlier splits, a mapping id -> split or a pyarrow Table (id, split).
     A locked `manifest` is verified first (ManifestError if tampered).
     items: rows (dicts), a DataFrame, or a pyarrow Table / RecordBatch, which is worked on as
     columns (cluster codes and counts in numpy; Python loops only over clusters), so memory stays
@@ -243,15 +244,20 @@ def assign_splits(
         tgt = split_targets(n_free, targets)
     assigned = {s: 0 for s in SPLITS}
     per_slice = {s: [0] * n_sk for s in SPLITS}
+    if isinstance(previous, pa.Table) and not previous.num_rows:
+        previous = None
     if previous:
         allowed = ("train", "val") if locked else SPLITS
         votes = np.zeros((len(SPLITS), k), np.int64)
         for si, s in enumerate(SPLITS):
             if s not in allowed:
                 continue
-            keys = [i for i, v in previous.items() if v == s and isinstance(i, str)]
-            if keys:
-                m = pc.is_in(ids, value_set=pa.array(keys, pa.string())).to_numpy(zero_copy_only=False)
+            if isinstance(previous, pa.Table):  # columns (id, split): no dict of every id
+                keys = previous.filter(pc.equal(previous.column("split"), s)).column("id").combine_chunks()
+            else:
+                keys = pa.array([i for i, v in previous.items() if v == s and isinstance(i, str)], pa.string())
+            if len(keys):
+                m = pc.is_in(ids, value_set=keys).to_numpy(zero_copy_only=False)
                 votes[si] = np.bincount(cc[m], minlength=k)  # votes in locked clusters go unused
         prev_c = free & (votes.sum(axis=0) > 0)
         choice = votes.argmax(axis=0)  # most votes; on a tie the first of train, val, holdout
@@ -310,63 +316,135 @@ def _source(item_id: str) -> str:
 
 def governed_splits(items: Iterable[Mapping], targets: Mapping[str, int], seed: int = 0,
                     manifest: HoldoutManifest | None = None, previous: Mapping[str, str] | None = None) -> list[dict]:
+    """`governed_split_table` over rows: items are dicts with id, kind ("task" | "trajectory"),
+    cluster_id, slice, tenant_id; returns split_assignments rows (without timestamps)."""
+    import pyarrow as pa
+
+    items = list(items)
+    cols = {c: [i.get(c) for i in items] for c in ("id", "kind", "cluster_id", "slice", "tenant_id")}
+    try:
+        slice_col = pa.array(cols["slice"])
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed slice types: kept as they were, below
+        slice_col = pa.nulls(len(items), pa.string())
+    tbl = pa.table({"id": pa.array([str(x) for x in cols["id"]], pa.string()), "kind": pa.array(cols["kind"], pa.string()),
+                    "cluster_id": pa.array([str(x) for x in cols["cluster_id"]], pa.string()), "slice": slice_col,
+                    "tenant_id": pa.array(cols["tenant_id"], pa.string())})
+    out = governed_split_table(tbl, targets, seed=seed, manifest=manifest, previous=previous).to_pylist()
+    for r, i in zip(out, items):
+        r["slice"] = i["slice"]
+    return out
+
+
+def governed_split_table(items: Any, targets: Mapping[str, int], seed: int = 0,
+                         manifest: HoldoutManifest | None = None, previous: Any = None):
     """Split tasks by cluster (`splits.assign_splits`, targets count tasks), then give every
     trajectory the split of its cluster's tasks (holdout wins when a cluster holds a locked
     holdout task and excluded near-copies). Trajectory-only clusters share train / val in the
     targets' train:val ratio, stratified by tenant, and never enter holdout.
-    items: rows with id, kind ("task" | "trajectory"), cluster_id, slice, tenant_id.
-    Returns split_assignments rows (without timestamps)."""
-    items = list(items)
-    previous = previous or {}
-    tasks = [{"id": i["id"], "cluster_id": i["cluster_id"], "slice": i["slice"]} for i in items if i["kind"] == "task"]
+    items: a pyarrow Table (id, kind "task" | "trajectory", cluster_id, slice, tenant_id);
+    previous: id -> split, a mapping or a Table (id, split). Returns the split_assignments
+    columns (id, kind, source_id, cluster_id, slice, split, reason, tenant_id; no timestamps) in
+    the items' order. Tasks are few and handled as rows; trajectories (millions) as columns."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = items.num_rows
+    string = lambda c: items.column(c).cast(pa.string()) if c in items.column_names else pa.chunked_array(  # noqa: E731
+        [pa.nulls(n, pa.string())])
+    ids, kind, cids, tenant = string("id"), string("kind"), string("cluster_id"), string("tenant_id")
+    slices = items.column("slice") if "slice" in items.column_names else pa.chunked_array([pa.nulls(n, pa.string())])
+    is_task = pc.fill_null(pc.equal(kind, "task"), False).to_numpy(zero_copy_only=False)
+    t_rows = np.flatnonzero(is_task)
+    t_ids = ids.take(pa.array(t_rows)).to_pylist()
+    t_cids = cids.take(pa.array(t_rows)).to_pylist()
+    t_slices = slices.take(pa.array(t_rows)).to_pylist()
+    if isinstance(previous, pa.Table):
+        want = pa.array(t_ids, pa.string())
+        task_prev = previous.filter(pc.is_in(previous.column("id"), value_set=want))
+        task_prev = dict(zip(task_prev.column("id").to_pylist(), task_prev.column("split").to_pylist()))
+    else:
+        previous = previous or {}
+        task_prev = {i: previous[i] for i in t_ids if i in previous}
+    voc: dict[str, int] = {}  # every split and reason string written, as codes into one vocabulary
+
+    def code(v: str) -> int:
+        return voc.setdefault(v, len(voc))
+    split_c = np.full(n, -1, np.int32)
+    reason_c = np.full(n, -1, np.int32)
     out: dict[str, tuple[str, str]] = {}
-    if tasks:
+    if t_ids:
         # the manifest lists bare task ids: split on those, report namespaced ids
-        bare = {i["id"]: _source(i["id"]) for i in tasks}
-        t = assign_splits([{**i, "id": bare[i["id"]]} for i in tasks], targets=targets, seed=seed, manifest=manifest,
-                          previous={bare[i["id"]]: previous[i["id"]] for i in tasks if i["id"] in previous})
-        full = {v: k for k, v in bare.items()}
+        bare = [_source(i) for i in t_ids]
+        t = assign_splits([{"id": b, "cluster_id": c, "slice": sl} for b, c, sl in zip(bare, t_cids, t_slices)],
+                          targets=targets, seed=seed, manifest=manifest,
+                          previous={b: task_prev[i] for i, b in zip(t_ids, bare) if i in task_prev})
+        full = dict(zip(bare, t_ids))
         for r in t.to_pylist():
             out[full[r["id"]]] = (r["split"], r["reason"])
+        split_c[t_rows] = [code(out[i][0]) for i in t_ids]
+        reason_c[t_rows] = [code(out[i][1]) for i in t_ids]
     task_clusters: dict[str, list[str]] = defaultdict(list)
-    for i in tasks:
-        task_clusters[i["cluster_id"]].append(i["id"])
-    trajs = [i for i in items if i["kind"] != "task"]
-    orphans = []
-    for i in trajs:
-        members = task_clusters.get(i["cluster_id"])
-        if not members:
-            orphans.append(i)
-            continue
+    for i, c in zip(t_ids, t_cids):
+        task_clusters[c].append(i)
+    # each task cluster's split and reason for its trajectories
+    c_names, c_split, c_reason = [], [], []
+    for c, members in task_clusters.items():
         splits = {out[m][0] for m in members}
         split = "holdout" if "holdout" in splits else (splits - {EXCLUDED} or {EXCLUDED}).pop()
         first = min(m for m in members if out[m][0] == split)
-        out[i["id"]] = (split, f"cluster_of_task {_source(first)}")
-    if orphans:
+        c_names.append(c)
+        c_split.append(code(split))
+        c_reason.append(code(f"cluster_of_task {_source(first)}"))
+    traj = ~is_task
+    pos = pc.fill_null(pc.index_in(cids, value_set=pa.array(c_names, pa.string())), -1).to_numpy(zero_copy_only=False)
+    in_task = traj & (pos >= 0)
+    split_c[in_task] = np.asarray(c_split, np.int32)[pos[in_task]]
+    reason_c[in_task] = np.asarray(c_reason, np.int32)[pos[in_task]]
+    orphans = np.flatnonzero(traj & ~in_task)
+    if len(orphans):
         tr, va = int(targets.get("train", 0)), int(targets.get("val", 0))
         if tr + va == 0:
             tr = 1
         scale = len(orphans) // (tr + va) + 2  # keeps the sum above n: split_targets goes proportional
-        prev = {i["id"]: previous[i["id"]] for i in orphans if previous.get(i["id"]) in ("train", "val")}
-        rows = [{"id": i["id"], "cluster_id": i["cluster_id"], "slice": i.get("tenant_id")} for i in orphans]
-        t = assign_splits(rows, targets={"train": tr * scale, "val": va * scale, "holdout": 0}, seed=seed, previous=prev)
-        for r in t.to_pylist():
-            out[r["id"]] = (r["split"], "trajectory_cluster" if r["reason"] == "assigned" else r["reason"])
-    return [{"id": i["id"], "kind": i["kind"], "source_id": _source(i["id"]), "cluster_id": i["cluster_id"],
-             "slice": i["slice"], "split": out[i["id"]][0], "reason": out[i["id"]][1], "tenant_id": i.get("tenant_id")}
-            for i in items]
+        o_idx = pa.array(orphans)
+        o_tbl = pa.table({"id": ids.take(o_idx), "cluster_id": cids.take(o_idx), "slice": tenant.take(o_idx)})
+        if isinstance(previous, pa.Table):
+            prev = previous.filter(pc.and_(pc.is_in(previous.column("id"), value_set=o_tbl.column("id").combine_chunks()),
+                                           pc.is_in(previous.column("split"), value_set=pa.array(["train", "val"]))))
+        else:
+            prev = {i: previous[i] for i in o_tbl.column("id").to_pylist() if previous.get(i) in ("train", "val")}
+        t = assign_splits(o_tbl, targets={"train": tr * scale, "val": va * scale, "holdout": 0}, seed=seed, previous=prev)
+        for col, target, rename in (("split", split_c, {}), ("reason", reason_c, {"assigned": "trajectory_cluster"})):
+            enc = pc.dictionary_encode(t.column(col)).combine_chunks()
+            local = np.array([code(rename.get(v, v)) for v in enc.dictionary.to_pylist()], np.int32)
+            target[orphans] = local[enc.indices.to_numpy(zero_copy_only=False)]
+    words = pa.array(list(voc), pa.string())
+    return pa.table({
+        "id": ids, "kind": kind,
+        "source_id": pc.replace_substring_regex(ids, pattern=f"^({TASK_PREFIX}|{TRAJ_PREFIX})", replacement="",
+                                                max_replacements=1),
+        "cluster_id": cids, "slice": slices.cast(pa.string()) if n else pa.array([], pa.string()),
+        "split": words.take(pa.array(split_c)), "reason": words.take(pa.array(reason_c)), "tenant_id": tenant})
 
 
-def split_summary_md(rows: Iterable[Mapping]) -> str:
-    """Markdown table: items per slice x split (tasks), then trajectories per split."""
+def split_summary_md(rows: Any) -> str:
+    """Markdown table: items per slice x split (tasks), then trajectories per split. `rows`: dicts
+    or a pyarrow Table (counted by group, not row by row)."""
+    import pyarrow as pa
+
     cols = [*SPLITS, EXCLUDED]
     by = defaultdict(Counter)
     trajs = Counter()
-    for r in rows:
+    if isinstance(rows, pa.Table):
+        counts = rows.group_by(["kind", "slice", "split"]).aggregate([([], "count_all")]).to_pylist()
+    else:
+        counts = [{**r, "count_all": 1} for r in rows]
+    for r in counts:
         if r["kind"] == "task":
-            by[r["slice"] or "(none)"][r["split"]] += 1
+            by[r["slice"] or "(none)"][r["split"]] += r["count_all"]
         else:
-            trajs[r["split"]] += 1
+            trajs[r["split"]] += r["count_all"]
     from ratchet.markdown import md_table
 
     total = Counter()

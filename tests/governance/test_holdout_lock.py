@@ -115,7 +115,7 @@ def _failures(res):
 
 
 def test_the_split_asset_refuses_a_split_that_moves_a_holdout_task(wh, home, monkeypatch):
-    """governed_splits keeps a locked holdout in place by construction; the asset checks its
+    """governed_split_table keeps a locked holdout in place by construction; the asset checks its
     result anyway, before writing, so a split that moves a holdout task (a bug in the splitter,
     a changed rule) fails the run instead of replacing split_assignments."""
     import ratchet.governance.splits as splits
@@ -132,16 +132,19 @@ def test_the_split_asset_refuses_a_split_that_moves_a_holdout_task(wh, home, mon
         log = _log(con)
     gone = manifest["task_ids"][0]
     new = next(r["source_id"] for r in before if r["split"] == "train")
-    real = splits.governed_splits
+    real = splits.governed_split_table
 
     def moving(*a, **kw):  # the real split with one holdout task swapped for a train task
-        rows = real(*a, **kw)
+        import pyarrow as pa
+
+        table = real(*a, **kw)
+        rows = table.to_pylist()
         for r in rows:
             if r["source_id"] in (gone, new):
                 r["split"], r["reason"] = ("train", "moved") if r["source_id"] == gone else ("holdout", "moved")
-        return rows
+        return pa.Table.from_pylist(rows, schema=table.schema)
 
-    monkeypatch.setattr(splits, "governed_splits", moving)
+    monkeypatch.setattr(splits, "governed_split_table", moving)
     res = _materialize(root, ["split_assignments", "holdout_manifest"])
     assert not res.success
     err = _failures(res)
