@@ -81,7 +81,9 @@ validate: install
 # survivors. String mutations are off: they change messages, not behaviour, and mutmut 2.5.1
 # crashes on a multi-line f-string ("Attribute Mutant.line is required") and then hangs.
 # The cache carries over between runs: a killed mutant whose line is unchanged is not run again,
-# survivors are run again when the tests changed, so a stopped run resumes.
+# survivors are run again when their target's test folder changed (--tests-dir is that folder,
+# not all of tests/: a survivor costs every test that calls its code, minutes each, and a test
+# added elsewhere cannot kill it), so a stopped run resumes.
 # MUTATION_FRESH=1 starts from nothing.
 MUT_DIR ?= $(RATCHET_HOME)/mutation
 MUTATION_TARGETS ?= verifiers governance ingest
@@ -90,10 +92,13 @@ MUTATION_FRESH ?= 0
 MUT_PYTEST := $(abspath $(PY)) -m pytest -x -q -p no:cacheprovider -m 'not slow' --timeout 300
 mut_paths_verifiers := sandboxes/verifiers/
 mut_tests_verifiers := tests/sandboxes/test_verifiers.py
+mut_tdir_verifiers := tests/sandboxes
 mut_paths_governance := ratchet/governance/
 mut_tests_governance := tests/governance --ignore=tests/governance/test_assets.py
+mut_tdir_governance := tests/governance
 mut_paths_ingest := ratchet/ingest.py,ratchet/ingest_records.py,ratchet/ingest_writer.py,ratchet/ingest_ranges.py
 mut_tests_ingest := tests/ingest --ignore=tests/ingest/test_assets.py --ignore=tests/ingest/test_cli.py
+mut_tdir_ingest := tests/ingest
 
 MUT_START := $(shell date +%s)
 mutation: $(VENV)/.installed
@@ -107,16 +112,16 @@ mutation: $(VENV)/.installed
 	printf 'from ratchet.mutation import pre_mutation  # noqa: F401\n' > $(MUT_DIR)/mutmut_config.py
 	cd $(MUT_DIR) && for t in $(MUTATION_TARGETS); do \
 	  case $$t in \
-	    verifiers) p="$(mut_paths_verifiers)"; r="$(MUT_PYTEST) $(mut_tests_verifiers)";; \
-	    governance) p="$(mut_paths_governance)"; r="$(MUT_PYTEST) $(mut_tests_governance)";; \
-	    ingest) p="$(mut_paths_ingest)"; r="$(MUT_PYTEST) $(mut_tests_ingest)";; \
+	    verifiers) p="$(mut_paths_verifiers)"; r="$(MUT_PYTEST) $(mut_tests_verifiers)"; d=$(mut_tdir_verifiers);; \
+	    governance) p="$(mut_paths_governance)"; r="$(MUT_PYTEST) $(mut_tests_governance)"; d=$(mut_tdir_governance);; \
+	    ingest) p="$(mut_paths_ingest)"; r="$(MUT_PYTEST) $(mut_tests_ingest)"; d=$(mut_tdir_ingest);; \
 	    *) echo "unknown mutation target $$t" >&2; exit 2;; esac; \
 	  echo "== mutmut: $$p  (tests: $$r)"; m=""; \
 	  case "$(MUTATION_SELECT)" in \
 	    calls) m=$(MUT_DIR)/.mutmap-$$t.json; $(abspath $(PY)) -m ratchet.mutation map --paths "$$p" --runner "$$r" --out $$m || exit 1;; \
 	    all) ;; \
 	    *) echo "MUTATION_SELECT is calls or all, not $(MUTATION_SELECT)" >&2; exit 2;; esac; \
-	  RATCHET_MUTMAP=$$m $(abspath $(VENV))/bin/mutmut run --paths-to-mutate "$$p" --runner "$$r" --tests-dir tests \
+	  RATCHET_MUTMAP=$$m $(abspath $(VENV))/bin/mutmut run --paths-to-mutate "$$p" --runner "$$r" --tests-dir "$$d" \
 	    --disable-mutation-types string,fstring --simple-output --no-progress --CI || exit 1; \
 	done; $(abspath $(VENV))/bin/mutmut results; \
 	cd $(CURDIR) && $(PY) -m ratchet.mutation --cache $(MUT_DIR)/.mutmut-cache --label "$(MUTATION_TARGETS)" --tests "select=$(MUTATION_SELECT)" \
