@@ -11,7 +11,14 @@ import pyarrow as pa
 import pytest
 
 from ratchet.governance.manifest import create_manifest
-from ratchet.governance.splits import EXCLUDED, _source, assign_splits, governed_split_table, governed_splits
+from ratchet.governance.splits import (
+    EXCLUDED,
+    _source,
+    assign_splits,
+    governed_split_table,
+    governed_splits,
+    split_summary_md,
+)
 
 pytestmark = pytest.mark.governance
 
@@ -92,7 +99,9 @@ def test_random_cases_match_the_row_by_row_version():
         items, kw = _case(rng)
         want = _reference(items, **kw)
         assert governed_splits(items, **kw) == want
-        assert governed_split_table(_table(items), **kw).to_pylist() == want
+        table = governed_split_table(_table(items), **kw)
+        assert table.to_pylist() == want
+        assert split_summary_md(table) == split_summary_md(want)  # the asset's summary, counted by group
         if "previous" in kw:  # the asset passes earlier splits as a table
             prev = kw["previous"]
             table_kw = {**kw, "previous": pa.table({"id": pa.array(list(prev), pa.string()),
