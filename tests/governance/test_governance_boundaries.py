@@ -9,6 +9,7 @@ import pytest
 
 from ratchet.governance.consent import Grant, decide, read_registry
 from ratchet.governance.manifest import ManifestError, create_manifest, load_manifest, save_manifest, unlock
+from ratchet.governance.splits import governed_splits
 
 pytestmark = pytest.mark.governance
 
@@ -59,3 +60,33 @@ def test_a_missing_registry_is_an_error_unless_allowed(tmp_path):
     (tmp_path / "r.yaml").write_text("- {consent_id: C1, tenant_id: acme, scopes: [train], retention_days: 30, "
                                      "granted_at: '2026-01-01T00:00:00Z'}\n")
     assert set(read_registry(tmp_path / "r.yaml")) == {"C1"}
+
+
+# ------------------------------------------------------------------------ split rules (splits.py)
+def test_a_split_missing_from_the_targets_gets_nothing():
+    from ratchet.governance.splits import split_targets
+
+    assert split_targets(5, {"train": 7, "val": 2}) == {"train": 4, "val": 1, "holdout": 0}
+    assert split_targets(3, {"train": 2, "val": 2}) == {"train": 2, "val": 1, "holdout": 0}
+    m = create_manifest(["t0"], locked_by="lead")  # locked: train and val share the rest, val by its target
+    from ratchet.governance.splits import assign_splits
+    items = [{"id": f"t{i}", "cluster_id": f"c{i}", "slice": None} for i in range(6)]
+    got = assign_splits(items, targets={"train": 5, "holdout": 1}, manifest=m)
+    assert sorted(got.column("split").to_pylist()) == ["holdout", *["train"] * 5]
+
+
+def test_an_exact_tie_goes_to_train_then_val_never_holdout_first():
+    from ratchet.governance.splits import _order, assign_splits
+
+    items = [{"id": f"t{i}", "cluster_id": f"c{i}", "slice": None} for i in range(3)]
+    got = {r["cluster_id"]: r["split"] for r in assign_splits(items, targets={"train": 1, "val": 1, "holdout": 1}).to_pylist()}
+    first, second, third = sorted(got, key=lambda c: _order(c, 0))   # the order clusters are decided in
+    assert (got[first], got[second], got[third]) == ("train", "val", "holdout")
+
+
+def test_trajectory_only_clusters_share_train_and_val_in_the_targets_ratio():
+    items = [{"id": f"traj:r{i}", "kind": "trajectory", "cluster_id": f"c{i}", "slice": "acme", "tenant_id": "acme"}
+             for i in range(100)]
+    for targets, val in (({"train": 4, "val": 4, "holdout": 3}, 50), ({"train": 3, "val": 1, "holdout": 0}, 25)):
+        rows = governed_splits(items, targets)
+        assert sum(r["split"] == "val" for r in rows) == val and {r["split"] for r in rows} == {"train", "val"}
