@@ -51,3 +51,39 @@ def test_mutants_cluster_by_code_alone_without_repo_or_text():
     assert all(len(c) == 1 for c in by_problem.values())
     assert len({next(iter(c)) for c in by_problem.values()}) == len(PROBLEMS)
     assert set(edges.column("reason").to_pylist()) <= {"ast_skeleton", "ast_subtree"}
+
+
+def test_a_patch_is_fingerprinted_by_its_post_image_per_file():
+    """Added and context lines (a blank context line included) of every hunk, per `+++` path
+    with its a/ or b/ prefix dropped; removed lines and headers left out; a hunk without a
+    `+++` header is "<unknown>"; text that is not a diff is itself."""
+    from ratchet.governance.ast_fingerprint import patch_post_image
+
+    post = "def f(xs, t):\n    total = 0\n\n    for x in xs:\n        if x > t:\n            total += x * 2\n    return total"
+    diff = ("diff --git a/pkg/m.py b/pkg/m.py\nindex 1..2 100644\n--- a/pkg/m.py\n+++ b/pkg/m.py\t2026-01-01\n"
+            "@@ -1,7 +1,7 @@\n def f(xs, t):\n     total = 0\n\n     for x in xs:\n-        if x < t:\n+        if x > t:\n"
+            "             total += x * 2\n     return total\n"
+            "--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-old words\n+new words\n")
+    assert patch_post_image(diff) == {"pkg/m.py": post, "README.md": "new words"}
+    fps = fingerprint_patch(diff)
+    assert fps[0] == fingerprint_code(post)[0] and [f.kind for f in fps] == ["function", "tokens"]
+    assert patch_post_image("@@ -1 +1 @@\n-a\n+b\n") == {"<unknown>": "b"}
+    assert patch_post_image("just some text") == {"<text>": "just some text"}
+    assert patch_post_image("--- a/x.py\n+++ b/x.py\n+not in a hunk\n") == {"x.py": ""}
+
+
+def test_collision_thresholds_are_inclusive():
+    from ratchet.governance.ast_fingerprint import MIN_SKELETON_NODES, SUBTREE_JACCARD, Fingerprint
+
+    big = Fingerprint("f", "function", "s", frozenset({"x"}), MIN_SKELETON_NODES)
+    assert collide(big, big) == ("skeleton", 1.0)
+    assert collide(big, Fingerprint("g", "function", "s", frozenset({"y"}), MIN_SKELETON_NODES - 1)) is None
+    # exactly SUBTREE_JACCARD (0.55 = 11 shared of 20) collides; one shape fewer does not
+    shared = {f"h{i}" for i in range(11)}
+    a = Fingerprint("f", "function", "a", frozenset(shared | {f"a{i}" for i in range(4)}), 3)
+    b = Fingerprint("g", "function", "b", frozenset(shared | {f"b{i}" for i in range(5)}), 3)
+    assert SUBTREE_JACCARD == 0.55 and collide(a, b) == ("subtree", 0.55)
+    c = Fingerprint("g", "function", "b", frozenset(set(list(shared)[:10]) | {f"b{i}" for i in range(6)}), 3)
+    assert collide(a, c) is None
+    empty = Fingerprint("e", "function", "e", frozenset(), 3)
+    assert collide(empty, empty) is None  # no shapes: nothing shared, not everything
