@@ -90,3 +90,24 @@ def test_trajectory_only_clusters_share_train_and_val_in_the_targets_ratio():
     for targets, val in (({"train": 4, "val": 4, "holdout": 3}, 50), ({"train": 3, "val": 1, "holdout": 0}, 25)):
         rows = governed_splits(items, targets)
         assert sum(r["split"] == "val" for r in rows) == val and {r["split"] for r in rows} == {"train", "val"}
+
+
+# ------------------------------------------------------------- training views (training_views.py)
+def test_every_tenant_with_trajectories_or_grants_gets_its_consent_audit():
+    """The policy tenants are those owning trajectories, holding grants or named by a grant's
+    cross-tenant share: a tenant whose trajectories have no grant still gets one audit row per
+    excluded trajectory, each stamped with its split and the decision time."""
+    from ratchet.governance.training_views import training_rows
+
+    grants = _grant(cross_tenant_train_for=("initech",))
+    trajs = [{"record_id": "r1", "trajectory_id": "t1", "tenant_id": "acme", "consent_id": "C1",
+              "ended_at": (NOW - timedelta(days=1)).isoformat()},
+             {"record_id": "r2", "trajectory_id": "t2", "tenant_id": "globex", "consent_id": "C-none",
+              "ended_at": (NOW - timedelta(days=1)).isoformat()}]
+    split_of = {"r1": {"split": "train", "cluster_id": "c1"}, "r2": {"split": "val", "cluster_id": "c2"}}
+    train, audit = training_rows(trajs, grants, split_of, NOW)
+    assert sorted((r["tenant_id"], r["record_id"]) for r in train) == [("acme", "r1"), ("initech", "r1")]
+    globex = [a for a in audit if a["target_tenant"] == "globex"]
+    assert {(a["record_id"], a["reason"], a["split"]) for a in globex} == {("r1", "cross_tenant", "train"),
+                                                                         ("r2", "unknown_consent", "val")}
+    assert all(a["evaluated_at"] == NOW for a in audit)
