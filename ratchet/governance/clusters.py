@@ -155,14 +155,14 @@ def ast_pairs(
         cand_threshold = max(0.05, astfp.SUBTREE_JACCARD - 0.15)  # recall first; verified below
         seen: dict[tuple[int, int], float] = {}
 
+        def subtree_score(x: int, y: int) -> float | None:
+            """The shape-set Jaccard of entries x and y when they collide by shared subtrees."""
+            hit = astfp.collide(uniq[entries[x]].fingerprint(), uniq[entries[y]].fingerprint())
+            return round(hit[1], 6) if hit and hit[0] == "subtree" else None
+
         def check(a: np.ndarray, b: np.ndarray, _est: np.ndarray):
-            """Candidates (entry indices) whose fingerprints collide by shared subtrees."""
-            ok, score = np.zeros(len(a), dtype=bool), np.zeros(len(a))
-            for j, (x, y) in enumerate(zip(a.tolist(), b.tolist())):
-                hit = astfp.collide(uniq[entries[x]].fingerprint(), uniq[entries[y]].fingerprint())
-                if hit and hit[0] == "subtree":
-                    ok[j], score[j] = True, round(hit[1], 6)
-            return ok, score
+            scores = [subtree_score(x, y) for x, y in zip(a.tolist(), b.tolist())]
+            return np.array([v is not None for v in scores], bool), np.array([v or 0.0 for v in scores])
 
         # One entry per distinct code shape (200k at 10M trajectories). With `spanning` (clusters),
         # through the out-of-core LSH with the collision as its check, made only where it can still
@@ -176,18 +176,17 @@ def ast_pairs(
             found = ((ea, eb, v) for a, b, score in candidate_pairs_ooc(sigs, cand_threshold, spanning=True, check=check)
                      for ea, eb, v in zip(a.tolist(), b.tolist(), score.tolist()))
         else:
-            found = ((int(a), int(b), None) for a, b, _ in lsh_pairs(
-                [f"{j:09d}" for j in range(len(entries))], sigs, threshold=cand_threshold, seed=seed, backend="memory"))
+            found = ((ea, eb, subtree_score(ea, eb)) for ea, eb in (
+                (int(a), int(b)) for a, b, _ in lsh_pairs([f"{j:09d}" for j in range(len(entries))], sigs,
+                                                          threshold=cand_threshold, seed=seed, backend="memory")))
         for ea, eb, v in found:
             if v is None:
-                ok, sc = check(np.array([ea]), np.array([eb]), None)
-                if not ok[0]:
-                    continue
-                v = float(sc[0])
+                continue
             x, y = sorted((int(low[entries[ea]]), int(low[entries[eb]])))
             if x != y and (x, y) not in seen:
                 seen[(x, y)] = v
-        gc.collect()  # datasketch's index is a reference cycle: ~0.2 GB per 60k shapes until collected
+        if not spanning:
+            gc.collect()  # datasketch's index is a reference cycle: ~0.2 GB per 60k shapes until collected
         if seen:
             ab = np.array(list(seen), dtype=np.int64)
             pieces.append((ab[:, 0].copy(), ab[:, 1].copy(), "ast_subtree", np.fromiter(seen.values(), np.float64, len(seen))))

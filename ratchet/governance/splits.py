@@ -324,8 +324,10 @@ def governed_splits(items: Iterable[Mapping], targets: Mapping[str, int], seed: 
     cols = {c: [i.get(c) for i in items] for c in ("id", "kind", "cluster_id", "slice", "tenant_id")}
     try:
         slice_col = pa.array(cols["slice"])
-    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed slice types: kept as they were, below
-        slice_col = pa.nulls(len(items), pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # mixed slice types: their codes group and order them as the row path's Counter would
+        # (the values themselves are put back below)
+        slice_col = pa.array(_factorize(cols["slice"])[0], pa.int64())
     tbl = pa.table({"id": pa.array([str(x) for x in cols["id"]], pa.string()), "kind": pa.array(cols["kind"], pa.string()),
                     "cluster_id": pa.array([str(x) for x in cols["cluster_id"]], pa.string()), "slice": slice_col,
                     "tenant_id": pa.array(cols["tenant_id"], pa.string())})
@@ -350,10 +352,13 @@ def governed_split_table(items: Any, targets: Mapping[str, int], seed: int = 0,
     import pyarrow.compute as pc
 
     n = items.num_rows
-    string = lambda c: items.column(c).cast(pa.string()) if c in items.column_names else pa.chunked_array(  # noqa: E731
-        [pa.nulls(n, pa.string())])
-    ids, kind, cids, tenant = string("id"), string("kind"), string("cluster_id"), string("tenant_id")
-    slices = items.column("slice") if "slice" in items.column_names else pa.chunked_array([pa.nulls(n, pa.string())])
+
+    def col(name: str, cast: bool = True):
+        if name not in items.column_names:
+            return pa.chunked_array([pa.nulls(n, pa.string())])
+        return items.column(name).cast(pa.string()) if cast else items.column(name)
+    ids, kind, cids, tenant = col("id"), col("kind"), col("cluster_id"), col("tenant_id")
+    slices = col("slice", cast=False)
     is_task = pc.fill_null(pc.equal(kind, "task"), False).to_numpy(zero_copy_only=False)
     t_rows = np.flatnonzero(is_task)
     t_ids = ids.take(pa.array(t_rows)).to_pylist()

@@ -109,6 +109,18 @@ def test_random_cases_match_the_row_by_row_version():
             assert governed_split_table(_table(items), **table_kw).to_pylist() == want
 
 
+def test_mixed_slice_types_stratify_as_the_row_version():
+    """Slices Arrow cannot hold in one column (1, "1", 1.0, True, None) group as Python values."""
+    rng = random.Random(5)
+    for seed in range(20):
+        items = [{"id": f"task:t{i}", "kind": "task", "cluster_id": f"c{i // 2}",
+                  "slice": rng.choice([1, "1", 1.0, True, None, "a", 2]), "tenant_id": None} for i in range(40)]
+        items += [{"id": f"traj:r{i}", "kind": "trajectory", "cluster_id": f"c{i}", "slice": "acme", "tenant_id": "acme"}
+                  for i in range(30)]
+        kw = {"seed": seed, "targets": {"train": 7, "val": 3, "holdout": 3}}
+        assert governed_splits(items, **kw) == _reference(items, **kw)
+
+
 def test_no_items():
     t = governed_split_table(_table([]), {"train": 1, "val": 1, "holdout": 1})
     assert t.num_rows == 0 and t.column_names == ["id", "kind", "source_id", "cluster_id", "slice", "split", "reason",
