@@ -113,13 +113,16 @@ def run_wrapped(cmd: Sequence[str]) -> int:
             log = None
 
         def on_metrics(step: int, metrics: dict) -> None:
+            nonlocal log
             live = False
             if log is not None:
                 try:
                     log(step, metrics)
                     live = True
-                except Exception as e:
-                    pipes.log.warning(f"step {step}: metrics not logged to MLflow now ({e}); logged when the run ends")
+                except Exception as e:  # stop trying (each try may wait on a timeout): logged at the end
+                    pipes.log.warning(f"step {step}: metrics not logged to MLflow ({e}); this and later steps "
+                                      f"are logged when the run ends")
+                    log = None
             pipes.report_custom_message({"step": step, "metrics": metrics, "mlflow": live})
 
         rc = run_verl(cmd, on_line=pipes.log.info, cancel=cancel, on_metrics=on_metrics)
