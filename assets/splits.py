@@ -7,6 +7,7 @@ The contamination check is blocking: when it fails, nothing downstream of split_
 (no holdout lock, no training view, no training). Logic lives in ratchet.governance.
 """
 # No `from __future__ import annotations`: Dagster resolves Config annotations at import time.
+from contextlib import contextmanager
 from typing import Optional
 
 import dagster as dg
@@ -22,6 +23,24 @@ def _manifest_path(warehouse: WarehouseResource, configured: Optional[str]):
     from ratchet.home import get_home
 
     return Path(configured) if configured else get_home(warehouse.home).root / "holdout_manifest.json"
+
+
+@contextmanager
+def _items_parquet(store, sql: str):
+    """The query's rows in a temporary Parquet file (under RATCHET_DEDUP_TMP if set), for
+    build_clusters and the contamination check to stream back in batches: text is never in
+    memory whole, and the warehouse lock is held only for the copy."""
+    import os
+    import tempfile
+
+    base = os.environ.get("RATCHET_DEDUP_TMP") or None
+    if base:
+        os.makedirs(base, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ratchet-dedup-", dir=base) as tmp:
+        path = os.path.join(tmp, "items.parquet")
+        with store.connect() as con:
+            con.execute(f"COPY ({sql}) TO '{path.replace(chr(39), chr(39) * 2)}' (FORMAT parquet, ROW_GROUP_SIZE 16384)")
+        yield path
 
 
 class DedupConfig(dg.Config):
@@ -40,8 +59,6 @@ class DedupConfig(dg.Config):
         kinds={"duckdb"}, deps=["tasks", "trajectories"],
         description="Why each pair of items was joined (reason, score): the evidence behind dedup_clusters.")])
 def dedup_clusters(context: dg.AssetExecutionContext, config: DedupConfig, warehouse: WarehouseResource):
-    import os
-    import tempfile
     import time
 
     import pyarrow.compute as pc
@@ -64,15 +81,7 @@ def dedup_clusters(context: dg.AssetExecutionContext, config: DedupConfig, wareh
                          f"permutations cannot form two bands above 0.98")
     store = warehouse.store()
     t0 = time.monotonic()
-    tmp_base = os.environ.get("RATCHET_DEDUP_TMP") or None
-    if tmp_base:
-        os.makedirs(tmp_base, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="ratchet-dedup-", dir=tmp_base) as tmp:
-        # the items go to Parquet and build_clusters streams them back in batches: text is never
-        # in memory whole, and the warehouse lock is held only for the copy
-        path = os.path.join(tmp, "items.parquet")
-        with store.connect() as con:
-            con.execute(f"COPY ({ITEMS_SQL}) TO '{path.replace(chr(39), chr(39) * 2)}' (FORMAT parquet, ROW_GROUP_SIZE 16384)")
+    with _items_parquet(store, ITEMS_SQL) as path:
         clusters, edges = build_clusters(path, id_col="id", text_col="text", code_cols=("code",),
                                          key_cols=CLUSTER_KEYS, threshold=config.threshold)
         items = pq.read_table(path, columns=["id", "kind"])
@@ -186,9 +195,10 @@ def contamination(context: dg.AssetCheckExecutionContext, config: ContaminationC
     )
 
     store = warehouse.store()
-    rep = contamination_report(store.read(PREVIOUS_SPLITS_SQL), store.arrow(ITEMS_SQL), id_col="id", text_col="text",
-                               code_cols=("code",), key_cols=CONTAMINATION_KEYS, threshold=config.threshold,
-                               max_examples=config.max_examples)
+    with _items_parquet(store, ITEMS_SQL) as path:
+        rep = contamination_report(store.arrow(PREVIOUS_SPLITS_SQL), path, id_col="id", text_col="text",
+                                   code_cols=("code",), key_cols=CONTAMINATION_KEYS, threshold=config.threshold,
+                                   max_examples=config.max_examples)
     store.append(report_tables(rep, now_utc(), context.run.run_id))
     return dg.AssetCheckResult(passed=bool(rep["passed"]), severity=dg.AssetCheckSeverity.ERROR, metadata={
         "overlap_pct": round(100 * rep["overlap_fraction"], 4), "items_in_splits": rep["n_items"],

@@ -19,6 +19,11 @@
    pool of mutated functions), wall time and peak RSS, each size in its own child process
    (input generation included in the peak). --peak-1m: peak_mb_1m; --size-10m:
    cluster_split_10m_s and peak_mb_10m.
+3. --contamination: each cluster+split child then runs the contamination check on its split
+   (what the blocking `contamination` asset check computes: every cross-split overlap from the
+   raw items), streamed from the same Parquet file; its wall time and the peak RSS sampled while
+   it runs (contamination_1m_s / contamination_peak_mb_1m, and _10m with --size-10m). The split
+   is built from the clusters, so the check must pass.
 Prints a table, then one JSON line.
 """
 from __future__ import annotations
@@ -143,7 +148,7 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
-def _child(n: int, phases: bool = False) -> None:
+def _child(n: int, phases: bool = False, contamination: bool = False) -> None:
     """Generate n trajectories to a Parquet file, cluster them (streamed from that file, as the
     dedup asset streams its warehouse query) and split them; print timings and this process's
     peak. With `phases`, also the peak RSS of each phase (sampled every 20 ms)."""
@@ -157,19 +162,25 @@ def _child(n: int, phases: bool = False) -> None:
     from ratchet.governance import clusters as cl
     from ratchet.governance.splits import assign_splits
 
-    phase = {"name": "generate", "peak": {}}
-    if phases:
-        def rss_mb() -> float:
-            with open("/proc/self/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    phase = {"name": "generate", "peak": {}, "contamination": False, "contamination_peak": 0.0}
 
-        def sample():
-            while True:
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def sample():
+        while True:
+            rss = rss_mb()
+            if phase["contamination"]:
+                phase["contamination_peak"] = max(phase["contamination_peak"], rss)
+            else:
                 p = phase["name"]
-                phase["peak"][p] = max(phase["peak"].get(p, 0.0), rss_mb())
-                time.sleep(0.02)
+                phase["peak"][p] = max(phase["peak"].get(p, 0.0), rss)
+            time.sleep(0.02)
 
+    if phases or contamination:
         threading.Thread(target=sample, daemon=True).start()
+    if phases:
         from ratchet.governance import lsh_index
 
         def mark(mod, fn, name):
@@ -207,31 +218,47 @@ def _child(n: int, phases: bool = False) -> None:
         t_cluster = time.perf_counter() - t0
         phase["name"] = "split"
         slice_of = pq.read_table(path, columns=["slice"]).column("slice")
-    n_clusters, n_edges = pc.count_distinct(clusters.column("cluster_id")).as_py(), edges.num_rows
-    del edges  # the dedup asset writes them; the split asset reads only the clusters
-    t1 = time.perf_counter()
-    # columns, as the split takes them: no Python object per trajectory
-    items = pa.table({"id": clusters.column("id"), "cluster_id": clusters.column("cluster_id"), "slice": slice_of})
-    del clusters, slice_of
-    split = assign_splits(items)
-    t_split = time.perf_counter() - t1
-    counts = {r["values"]: r["counts"] for r in pc.value_counts(split.column("split")).to_pylist()}
-    res = {"n": n, "gen_s": round(gen_s, 1), "gen_mb": round(gen_mb, 1), "cluster_s": round(t_cluster, 1),
-           "split_s": round(t_split, 1), "total_s": round(t_cluster + t_split, 1),
-           "clusters": n_clusters, "edges": n_edges,
-           "splits": {s: counts.get(s, 0) for s in ("train", "val", "holdout")}}
+        n_clusters, n_edges = pc.count_distinct(clusters.column("cluster_id")).as_py(), edges.num_rows
+        del edges  # the dedup asset writes them; the split asset reads only the clusters
+        t1 = time.perf_counter()
+        # columns, as the split takes them: no Python object per trajectory
+        items = pa.table({"id": clusters.column("id"), "cluster_id": clusters.column("cluster_id"), "slice": slice_of})
+        del clusters, slice_of
+        split = assign_splits(items)
+        t_split = time.perf_counter() - t1
+        del items
+        counts = {r["values"]: r["counts"] for r in pc.value_counts(split.column("split")).to_pylist()}
+        res = {"n": n, "gen_s": round(gen_s, 1), "gen_mb": round(gen_mb, 1), "cluster_s": round(t_cluster, 1),
+               "split_s": round(t_split, 1), "total_s": round(t_cluster + t_split, 1),
+               "clusters": n_clusters, "edges": n_edges,
+               "splits": {s: counts.get(s, 0) for s in ("train", "val", "holdout")}}
+        if contamination:
+            from ratchet.governance.contamination import contamination_report
+
+            assignments = split.select(["id", "split"])
+            del split
+            phase["contamination"] = True
+            t2 = time.perf_counter()
+            rep = contamination_report(assignments, path, id_col="record_id", text_col="prompt_text", code_cols=("patch",),
+                                       key_cols={"repo": "repo", "issue_id": "issue", "task_id": "exact_id"})
+            res["contamination_s"] = round(time.perf_counter() - t2, 1)
+            time.sleep(0.05)  # one more sample
+            phase["contamination"] = False
+            res["contamination_peak_mb"] = round(phase["contamination_peak"])
+            res["contamination"] = {k: rep[k] for k in ("passed", "n_items", "n_overlapping_items", "counts")}
     if phases:
         res["phase_peak_mb"] = {k: round(v) for k, v in phase["peak"].items()}
     print(json.dumps(res))
 
 
-def cluster_split(n: int, phases: bool = False) -> dict:
+def cluster_split(n: int, phases: bool = False, contamination: bool = False) -> dict:
     """Cluster + split of n synthetic trajectories in a fresh child process, so the peak RSS is
     that work's alone (input generation included) and not the signature bench's."""
     import subprocess
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    cmd = [sys.executable, __file__, "--_child", str(n)] + (["--phases"] if phases else [])
+    cmd = [sys.executable, __file__, "--_child", str(n)] + (["--phases"] if phases else []) + (
+        ["--contamination"] if contamination else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"cluster+split child failed for n={n}:\n{proc.stderr[-4000:]}")
@@ -256,12 +283,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--cluster-only", action="store_true", help="skip the signature-throughput part")
     ap.add_argument("--_child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--phases", action="store_true", help="also report the peak RSS of each cluster+split phase")
+    ap.add_argument("--contamination", action="store_true",
+                    help="also run the contamination check on each split: contamination_1m_s, contamination_peak_mb_1m "
+                         "(and _10m with --size-10m)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backend", choices=("c", "duckdb"), default=None,
                     help="where SHA-1 runs (default: the C extension when built, else DuckDB)")
     args = ap.parse_args(argv)
     if args._child is not None:
-        _child(args._child, args.phases)
+        _child(args._child, args.phases, args.contamination)
         return {}
     if args.peak_1m:
         args.cluster_n = 1_000_000  # one 1M child gives cluster_split_1m_s and peak_mb_1m
@@ -308,9 +338,9 @@ def main(argv=None) -> dict:
         name: measure(gen(args.docs)) for name, gen in (("prompt-log", prompt_corpus), ("uniform", corpus))}
 
     cn = args.cluster_n
-    cs = cluster_split(cn, args.phases) if cn else None
+    cs = cluster_split(cn, args.phases, args.contamination) if cn else None
     at_1m = cs if args.peak_1m else None
-    at_10m = cluster_split(10_000_000, args.phases) if args.size_10m else None
+    at_10m = cluster_split(10_000_000, args.phases, args.contamination) if args.size_10m else None
 
     rows = []
     for name, r in res.items():
@@ -334,6 +364,11 @@ def main(argv=None) -> dict:
                 (f"  peak RSS (child)", f"{r['peak_mb']:,.0f} MB ({r['gen_mb']:,.0f} MB after generating the input)"),
             ]
             rows += [(f"  peak RSS in {k}", f"{v:,} MB") for k, v in r.get("phase_peak_mb", {}).items()]
+            if "contamination" in r:
+                c = r["contamination"]
+                rows += [(f"contamination check {r['n']:,}", f"{r['contamination_s']:.1f} s, peak RSS {r['contamination_peak_mb']:,} MB "
+                                                            f"(sampled while it ran); passed={c['passed']}, "
+                                                            f"{c['n_overlapping_items']:,} of {c['n_items']:,} items overlap")]
     rows += [
         ("peak RSS (bench process)", f"{peak_mb():,.0f} MB"),
         ("cpus", f"{os.cpu_count()} (shared with other work: timings are noisy)"),
@@ -363,6 +398,10 @@ def main(argv=None) -> dict:
         out["peak_mb_1m"] = at_1m["peak_mb"]
     if at_10m:
         out.update({"cluster_split_10m_s": round(at_10m["total_s"], 1), "peak_mb_10m": at_10m["peak_mb"]})
+    for r, size in ((cs, f"{cn // 1_000_000}m" if cn and cn % 1_000_000 == 0 else f"{cn}"), (at_10m, "10m")):
+        if r and "contamination" in r:
+            out.update({f"contamination_{size}_s": r["contamination_s"], f"contamination_peak_mb_{size}": r["contamination_peak_mb"],
+                        f"contamination_passed_{size}": r["contamination"]["passed"]})
     print(json.dumps(out))
     return out
 

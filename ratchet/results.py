@@ -78,7 +78,11 @@ SPECS: dict[str, BenchSpec] = {
          Target("cluster_split_1m_s", "<", 600, "cluster + split of 1M trajectories < 10 min"),
          Target("peak_mb_1m", "<=", 2000, "cluster + split of 1M trajectories within 2 GB (--peak-1m)"),
          Target("cluster_split_10m_s", "<=", 1800, "cluster + split of 10M trajectories within 30 min (--size-10m)"),
-         Target("peak_mb_10m", "<=", 4000, "cluster + split of 10M trajectories within 4 GB (--size-10m)")),
+         Target("peak_mb_10m", "<=", 4000, "cluster + split of 10M trajectories within 4 GB (--size-10m)"),
+         Target("contamination_10m_s", "<=", 1800,
+                "contamination check of 10M trajectories within 30 min (--size-10m --contamination)"),
+         Target("contamination_peak_mb_10m", "<=", 4000,
+                "contamination check of 10M trajectories within 4 GB (--size-10m --contamination)")),
         "ours / datasketch"),
     "envserver": BenchSpec(
         "episodes/s of the same scripted true fixes through the HTTP environment service vs in-process RepairEnv",

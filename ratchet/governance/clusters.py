@@ -112,6 +112,7 @@ def ast_pairs(
     seed: int = DEFAULT_SEED,
     num_perm: int = DEFAULT_NUM_PERM,
     spanning: bool = False,
+    labels: np.ndarray | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray, str, np.ndarray]]:
     """AST edges over integers: item i has rank `rank[i]` (ids' sort order) and code `code[i]`
     (an index into `code_fps`, the fingerprints (`Shape`) of each distinct code text; -1: none). Returns
@@ -123,7 +124,12 @@ def ast_pairs(
     checked exactly (datasketch's index; with `spanning`, the out-of-core LSH, keeping only the
     subtree edges that join components). Items are handled as numpy arrays (one row per item and
     fingerprint), never a Python object per item: at 10M items Python lists of ids and edge
-    tuples took ~280 MB per million."""
+    tuples took ~280 MB per million.
+
+    `labels` (indexed by rank; the contamination check's splits) keeps only the subtree pairs
+    whose two items carry different labels, found by the out-of-core LSH's cross-label search:
+    a subtree edge joins the smallest items of two fingerprints, so that is the pair it is
+    judged by. The skeleton and identical-subtree stars are returned whole (the caller filters)."""
     fp_ids: dict[Shape, int] = {}
     ptr = np.zeros(len(code_fps) + 1, dtype=np.int64)
     flat: list[int] = []
@@ -167,13 +173,16 @@ def ast_pairs(
         # One entry per distinct code shape (200k at 10M trajectories). With `spanning` (clusters),
         # through the out-of-core LSH with the collision as its check, made only where it can still
         # join two groups of shapes: datasketch's in-memory index of 200k shapes held ~2 GB at 10M.
-        # Every pair (`ast_edges`, the contamination check) stays on datasketch's index: the
-        # out-of-core all-pairs join at this low threshold ran out of DuckDB's 256 MB at 100k
-        # random functions. Entries joined through one item need no edge (the item joins them).
-        if spanning:
+        # With `labels` (the contamination check), the same index lists only cross-label pairs.
+        # Every pair (`ast_edges`) stays on datasketch's index: the out-of-core all-pairs join at
+        # this low threshold ran out of DuckDB's 256 MB at 100k random functions. Entries joined
+        # through one item need no edge (the item joins them).
+        if spanning or labels is not None:
             from .lsh_index import candidate_pairs_ooc
 
-            found = ((ea, eb, v) for a, b, score in candidate_pairs_ooc(sigs, cand_threshold, spanning=True, check=check)
+            cross = None if labels is None else np.asarray(labels)[low[entries]]
+            found = ((ea, eb, v) for a, b, score in candidate_pairs_ooc(sigs, cand_threshold, spanning=spanning, check=check,
+                                                                        labels=cross)
                      for ea, eb, v in zip(a.tolist(), b.tolist(), score.tolist()))
         else:
             found = ((ea, eb, subtree_score(ea, eb)) for ea, eb in (
@@ -185,7 +194,7 @@ def ast_pairs(
             x, y = sorted((int(low[entries[ea]]), int(low[entries[eb]])))
             if x != y and (x, y) not in seen:
                 seen[(x, y)] = v
-        if not spanning:
+        if not spanning and labels is None:
             gc.collect()  # datasketch's index is a reference cycle: ~0.2 GB per 60k shapes until collected
         if seen:
             ab = np.array(list(seen), dtype=np.int64)
@@ -286,37 +295,40 @@ def _key_pairs(rank: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndar
     return rank[root[~head]], rank[order[~head]]
 
 
-def build_clusters(
+class ItemColumns:
+    """What `read_items` keeps of each item read: its id (a pyarrow string array), its label from
+    `select` (int8, or None), its MinHash signature (`sigs`, n x num_perm; memory-mapped from
+    1 GiB on, with `release` to drop its pages), which rows have text (`has_text`, row indices),
+    per code column an index into that column's distinct fingerprints (`codes`, -1: no code;
+    `code_fps`, a tuple of `Shape` per distinct text) and per key column the key's code in
+    first-seen order (`keys`, -1: empty)."""
+
+    def __init__(self, ids, labels, sigs, release, has_text, codes, code_fps, keys):
+        self.ids, self.labels, self.sigs, self.release, self.has_text = ids, labels, sigs, release, has_text
+        self.codes, self.code_fps, self.keys = codes, code_fps, keys
+
+
+def read_items(
     items: Any,
-    id_col: str = "record_id",
-    text_col: str | None = "prompt_text",
-    code_cols: Sequence[str] = ("patch",),
-    key_cols: dict[str, str] | None = None,
-    threshold: float = 0.8,
+    id_col: str,
+    text_col: str | None,
+    code_cols: Sequence[str],
+    key_cols: Iterable[str],
     num_perm: int = DEFAULT_NUM_PERM,
     seed: int = DEFAULT_SEED,
     k: int = DEFAULT_SHINGLE,
-    spanning: bool = True,
-    signatures_out: dict | None = None,
-    lsh_backend: str = "duckdb",
-):
-    """Cluster items (trajectories, or tasks with id_col="task_id", text_col="issue",
-    code_cols=("solution",)). key_cols maps column -> edge reason, default
-    {"repo": "same_repo", "issue_id": "same_issue"}. Returns (dedup_clusters, dedup_edges)
-    as pyarrow Tables. `spanning=True` keeps only the MinHash pairs needed for connectivity
-    (see minhash.lsh_pairs); set False to list every near-duplicate pair.
-    If `signatures_out` is a dict, the computed signatures are stored under "sigs".
-    `lsh_backend` is minhash.lsh_pairs's backend ("duckdb", out of core, or "memory").
-    `items` may be a pyarrow Table, a RecordBatchReader (e.g. DuckDB's `to_arrow_reader`), a
-    Parquet path, a DataFrame or dicts: it is read once in batches, and past the batch being
+    select=None,
+) -> ItemColumns:
+    """Read `items` once in batches (see `_batches`) into `ItemColumns`: past the batch being
     read only ids, signatures (one numpy matrix), interned keys and fingerprints are kept, so
-    text never has to be in memory whole."""
+    text never has to be in memory whole. `select(ids: pa.StringArray) -> int array` labels
+    each row of a batch; rows labelled < 0 are skipped (no signature, no fingerprint)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    key_cols = key_cols if key_cols is not None else {"repo": "same_repo", "issue_id": "same_issue"}
+    key_cols = list(key_cols)
     batches = _batches(items, [id_col, *([text_col] if text_col else []), *code_cols, *key_cols])
     id_parts: list[pa.Array] = []
+    label_parts: list[np.ndarray] = []
     # signatures go to a temp file batch by batch and are read back as one matrix: collecting
     # the parts and stacking them would hold every signature twice (+512 MB at 1M rows)
     tmp = os.environ.get("RATCHET_DEDUP_TMP") or None
@@ -333,7 +345,16 @@ def build_clusters(
     key_codes: dict[str, dict[Any, int]] = {c: {} for c in key_cols}
     key_parts: dict[str, list[np.ndarray]] = {c: [] for c in key_cols}
     for m, cols in batches:
-        id_parts.append(pa.array([str(x) for x in cols[id_col]], pa.string()))
+        ids = pa.array([str(x) for x in cols[id_col]], pa.string())
+        if select is not None:
+            lab = np.asarray(select(ids))
+            keep = np.flatnonzero(lab >= 0)
+            if len(keep) < m:
+                ids = ids.take(pa.array(keep))
+                cols = {c: [v[j] for j in keep.tolist()] for c, v in cols.items()}
+                m = len(keep)
+            label_parts.append(lab[keep].astype(np.int8))
+        id_parts.append(ids)
         if text_col:
             texts = cols[text_col]
             part = signatures(texts, num_perm=num_perm, seed=seed, k=k)
@@ -364,21 +385,9 @@ def build_clusters(
     ids = pa.concat_arrays(id_parts) if id_parts else pa.array([], pa.string())
     del id_parts
     n = len(ids)
-    if pc.count_distinct(ids).as_py() != n:
-        raise ValueError(f"duplicate ids in column {id_col!r}: each item needs its own id")
-    # rank = position in id order: integers ordered like the ids, so the smallest id of a group,
-    # "a < b" and every ordering below are integer comparisons (UTF-8 byte order = str order)
-    # (int32 below 2^31 rows: every edge list below is over ranks, and at 10M rows ~40M edges)
-    idx = np.int32 if n < 2**31 else np.int64
-    order = pc.sort_indices(ids).to_numpy().astype(idx)
-    rank = np.empty(n, dtype=idx)
-    rank[order] = np.arange(n, dtype=idx)
-    sorted_ids = ids.take(pa.array(order))
-    del ids, order
-    pieces: list[tuple] = []  # (rank a, rank b, reason, score or None for 1.0)
+    sigs = release = None
     if text_col:
         dtype = np.dtype(sig_dtype or np.uint32)
-        release = None
         sig_file.flush()
         if n * num_perm * dtype.itemsize >= _SIG_MMAP_BYTES:
             # memory-mapped; the LSH step drops the pages it has read from this process
@@ -397,10 +406,76 @@ def build_clusters(
             sig_file.seek(0)
             sigs = np.fromfile(sig_file, dtype=dtype).reshape(n, num_perm)
         sig_file.close()  # a mapping keeps the (unlinked) file alive
+    # texts without a shingle all carry the same "empty" signature; they are not duplicates
+    has_text = np.flatnonzero(np.concatenate(has_text_parts)) if has_text_parts else np.zeros(0, np.int64)
+
+    def joined(parts: list[np.ndarray], dtype) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+    return ItemColumns(
+        ids, joined(label_parts, np.int8) if select is not None else None, sigs, release, has_text,
+        {c: joined(code_parts.pop(c), np.int32) for c in code_cols}, code_fps,
+        {c: joined(key_parts.pop(c), np.int32) for c in key_cols})
+
+
+def _ranks(ids):
+    """(rank, sorted ids): rank = each row's position in id order. Integers ordered like the ids,
+    so the smallest id of a group, "a < b" and every ordering are integer comparisons (UTF-8 byte
+    order = str order); int32 below 2^31 rows (at 10M rows every edge list is over ranks)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(ids)
+    idx = np.int32 if n < 2**31 else np.int64
+    order = pc.sort_indices(ids).to_numpy().astype(idx)
+    rank = np.empty(n, dtype=idx)
+    rank[order] = np.arange(n, dtype=idx)
+    return rank, ids.take(pa.array(order))
+
+
+def build_clusters(
+    items: Any,
+    id_col: str = "record_id",
+    text_col: str | None = "prompt_text",
+    code_cols: Sequence[str] = ("patch",),
+    key_cols: dict[str, str] | None = None,
+    threshold: float = 0.8,
+    num_perm: int = DEFAULT_NUM_PERM,
+    seed: int = DEFAULT_SEED,
+    k: int = DEFAULT_SHINGLE,
+    spanning: bool = True,
+    signatures_out: dict | None = None,
+    lsh_backend: str = "duckdb",
+):
+    """Cluster items (trajectories, or tasks with id_col="task_id", text_col="issue",
+    code_cols=("solution",)). key_cols maps column -> edge reason, default
+    {"repo": "same_repo", "issue_id": "same_issue"}. Returns (dedup_clusters, dedup_edges)
+    as pyarrow Tables. `spanning=True` keeps only the MinHash pairs needed for connectivity
+    (see minhash.lsh_pairs); set False to list every near-duplicate pair.
+    If `signatures_out` is a dict, the computed signatures are stored under "sigs".
+    `lsh_backend` is minhash.lsh_pairs's backend ("duckdb", out of core, or "memory").
+    `items` may be a pyarrow Table, a RecordBatchReader (e.g. DuckDB's `to_arrow_reader`), a
+    Parquet path, a DataFrame or dicts: it is read once in batches, and past the batch being
+    read only ids, signatures (one numpy matrix), interned keys and fingerprints are kept, so
+    text never has to be in memory whole."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    key_cols = key_cols if key_cols is not None else {"repo": "same_repo", "issue_id": "same_issue"}
+    data = read_items(items, id_col, text_col, code_cols, key_cols, num_perm=num_perm, seed=seed, k=k)
+    ids = data.ids
+    n = len(ids)
+    if pc.count_distinct(ids).as_py() != n:
+        raise ValueError(f"duplicate ids in column {id_col!r}: each item needs its own id")
+    rank, sorted_ids = _ranks(ids)
+    idx = rank.dtype.type
+    del ids
+    pieces: list[tuple] = []  # (rank a, rank b, reason, score or None for 1.0)
+    if text_col:
+        sigs, release, has_text = data.sigs, data.release, data.has_text
+        data.sigs = None
         if signatures_out is not None:
             signatures_out["sigs"] = sigs
-        # texts without a shingle all carry the same "empty" signature; they are not duplicates
-        has_text = np.flatnonzero(np.concatenate(has_text_parts)) if has_text_parts else np.zeros(0, np.int64)
         if lsh_backend == "duckdb":
             from .lsh_index import candidate_pairs_ooc
 
@@ -420,12 +495,11 @@ def build_clusters(
                 a, b, s = (np.asarray(x) for x in zip(*pairs))
                 pieces.append((a.astype(np.int64), b.astype(np.int64), "minhash", s.astype(np.float64)))
     for c in code_cols:
-        codes = np.concatenate(code_parts.pop(c)) if n else np.zeros(0, np.int32)
-        pieces.extend(ast_pairs(rank, codes, code_fps.pop(c), seed=seed, num_perm=num_perm, spanning=spanning))
-        del codes
+        pieces.extend(ast_pairs(rank, data.codes.pop(c), data.code_fps.pop(c), seed=seed, num_perm=num_perm, spanning=spanning))
     for c, reason in key_cols.items():
-        a, b = _key_pairs(rank, np.concatenate(key_parts.pop(c)) if n else np.zeros(0, np.int32))
+        a, b = _key_pairs(rank, data.keys.pop(c))
         pieces.append((a, b, reason, None))
+    del data
     labels = _component_labels(n, [(p[0], p[1]) for p in pieces])  # over ranks
     gc.collect()  # scipy's graph copies are garbage now: give their pages back before the tables
     ncomp = int(labels.max()) + 1 if n else 0

@@ -2,55 +2,84 @@
 built on), every way two splits can overlap, and pass only at exactly 0.0%.
 
 Kinds: exact_id (one id in two splits), repo, issue (a key value in two splits), minhash
-(estimated prompt Jaccard >= threshold across splits, datasketch LSH), ast (skeleton or
-shape-set collision across splits). Items `excluded_contaminated` are in no split.
+(estimated prompt Jaccard >= threshold across splits), ast (skeleton or shape-set collision
+across splits). Items `excluded_contaminated` are in no split.
 
-Report (dict, JSON-serialisable):
-  passed (bool), overlap_fraction (float: items in any cross-split overlap / items in splits),
-  n_items, n_overlapping_items, threshold, counts {kind: pairs}, examples {kind: [pair, ...]}
-  with pair = {a, b, split_a, split_b, score}. `report_rows` flattens pairs for a table.
+Report (dict): passed (bool), overlap_fraction (float: items in any cross-split overlap / items
+in splits), n_items, n_overlapping_items, threshold, counts {kind: pairs}, examples {kind:
+[pair, ...]} with pair = {a, b, split_a, split_b, score} (JSON-serialisable), and pairs: a
+pyarrow Table (kind, a, b, split_a, split_b, score) of every pair, split_a before split_b in
+train, val, holdout order, sorted. `report_rows` gives them as dicts.
+
+Everything runs on columns: items are read once in batches (text is never whole in memory), an
+item is an int8 split label, and MinHash and AST overlaps come from the out-of-core LSH listing
+only cross-split pairs (`lsh_index.candidate_pairs_ooc(labels=...)`). The row-by-row version
+(a dict per item, datasketch's in-memory index) is the memory limit of the governance group at
+millions of trajectories.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Sequence
 
 import numpy as np
 
-from .clusters import ast_edges, column, fingerprints, rows_of
-from .minhash import (
-    DEFAULT_NUM_PERM,
-    DEFAULT_SCHEME,
-    DEFAULT_SEED,
-    DEFAULT_SHINGLE,
-    signatures,
-)
+from .clusters import _ranks, ast_pairs, read_items, rows_of
+from .minhash import DEFAULT_NUM_PERM, DEFAULT_SEED, DEFAULT_SHINGLE
 
 KINDS = ("exact_id", "repo", "issue", "minhash", "ast")
 SPLIT_NAMES = ("train", "val", "holdout")
+PAIR_COLUMNS = ("kind", "a", "b", "split_a", "split_b", "score")
 
 
-def _cross_minhash(ids, sigs, split, threshold, seed):
-    """Pairs across splits only: index one split, query with the later ones."""
-    from datasketch import LeanMinHash, MinHashLSH
+def _assignment_table(assignments: Any):
+    """(id, split) as a pyarrow Table of strings, from a Table, a DataFrame or dict rows."""
+    import pyarrow as pa
 
-    out = []
-    by = defaultdict(list)
-    for i, s in enumerate(split):
-        by[s].append(i)
-    names = [s for s in SPLIT_NAMES if by.get(s)]
-    for x, sx in enumerate(names):
-        lsh = MinHashLSH(threshold=threshold, num_perm=sigs.shape[1])
-        for i in by[sx]:
-            lsh.insert(i, LeanMinHash(seed=seed, hashvalues=sigs[i], scheme=DEFAULT_SCHEME), check_duplication=False)
-        for sy in names[x + 1:]:
-            for j in by[sy]:
-                cands = lsh.query(LeanMinHash(seed=seed, hashvalues=sigs[j], scheme=DEFAULT_SCHEME))
-                for i in cands:
-                    est = float(np.mean(sigs[i] == sigs[j]))
-                    if est >= threshold:
-                        out.append((ids[i], ids[j], est))
-    return out
+    if not isinstance(assignments, pa.Table):
+        rows = rows_of(assignments)
+        assignments = pa.table({"id": [r["id"] for r in rows], "split": [r["split"] for r in rows]})
+    return pa.table({c: assignments.column(c).cast(pa.string()) for c in ("id", "split")})
+
+
+def _splits(assignments: Any):
+    """(ids in a split, each one's first split code, exact_id pairs (id, code, second code)) from
+    the assignment rows: an id in several splits is reported with its first two."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = _assignment_table(assignments)
+    code = pc.index_in(t.column("split"), value_set=pa.array(SPLIT_NAMES))
+    t = pa.table({"id": t.column("id"), "code": code}).filter(pc.is_valid(code))
+    t = t.group_by(["id", "code"], use_threads=False).aggregate([])  # distinct (id, split)
+    t = t.take(pc.sort_indices(t, sort_keys=[("id", "ascending"), ("code", "ascending")]))
+    ids, codes = t.column("id").combine_chunks(), t.column("code").to_numpy().astype(np.int8)
+    head = np.ones(len(ids), dtype=bool)
+    if len(ids) > 1:
+        head[1:] = pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False)
+    first = np.flatnonzero(head)
+    second = first + 1
+    multi = second[(second < len(ids)) & ~head[np.minimum(second, len(ids) - 1)]]
+    exact = (ids.take(pa.array(multi)), codes[multi - 1], codes[multi])
+    return ids.take(pa.array(first)), codes[first], exact
+
+
+def _key_cross(codes: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (x, y) of pairs sharing a key value in different splits: per value, the first row of
+    each split, and a star from the first of those to the others (codes < 0: no value)."""
+    rows = np.flatnonzero(codes >= 0)
+    if not len(rows):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = rows[np.lexsort((rows, labels[rows], codes[rows]))]
+    c, lab = codes[order], labels[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (c[1:] != c[:-1]) | (lab[1:] != lab[:-1])
+    reps = order[first]  # the first row of each (value, split)
+    reps = reps[np.lexsort((reps, codes[reps]))]  # by value, then first seen
+    c = codes[reps]
+    head = np.ones(len(reps), dtype=bool)
+    head[1:] = c[1:] != c[:-1]
+    root = reps[np.flatnonzero(head)][np.cumsum(head) - 1]
+    return root[~head], reps[~head]
 
 
 def contamination_report(
@@ -66,76 +95,114 @@ def contamination_report(
     k: int = DEFAULT_SHINGLE,
     max_examples: int = 5,
 ) -> dict:
-    """`assignments`: rows with id, split (split_assignments). `items`: rows with `id_col` and
-    the text / code / key columns. key_cols maps column -> kind (default repo, issue_id)."""
+    """`assignments`: (id, split) rows or a Table (split_assignments). `items`: anything
+    `clusters.read_items` reads (a Table, a Parquet path, a RecordBatchReader, dict rows) with
+    `id_col` and the text / code / key columns. key_cols maps column -> kind (default repo,
+    issue_id); a key kind may be "exact_id" (a trajectory's task in another split)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from .lsh_index import candidate_pairs_ooc
+
     key_cols = key_cols if key_cols is not None else {"repo": "repo", "issue_id": "issue"}
-    splits_of: dict[str, set] = defaultdict(set)
-    for r in rows_of(assignments):
-        if r["split"] in SPLIT_NAMES:
-            splits_of[str(r["id"])].add(r["split"])
-    pairs: dict[str, list[dict]] = {k_: [] for k_ in KINDS}
-    for i, ss in splits_of.items():
-        if len(ss) > 1:
-            s = sorted(ss, key=SPLIT_NAMES.index)
-            pairs["exact_id"].append({"a": i, "b": i, "split_a": s[0], "split_b": s[1], "score": 1.0})
-    split1 = {i: min(ss, key=SPLIT_NAMES.index) for i, ss in splits_of.items()}
+    split_ids, split_code, (ex_ids, ex_a, ex_b) = _splits(assignments)
+    kinds = list(dict.fromkeys([*KINDS, *key_cols.values()]))
+    parts: list[tuple[str, Any, Any, np.ndarray, np.ndarray, np.ndarray | None]] = [
+        ("exact_id", ex_ids, ex_ids, ex_a, ex_b, None)]
 
-    all_ids = [str(x) for x in column(items, id_col)]
-    keep = [n for n, i in enumerate(all_ids) if i in split1]
-    ids = [all_ids[n] for n in keep]
+    def select(ids):
+        at = pc.index_in(ids, value_set=split_ids).to_numpy(zero_copy_only=False)
+        ok = ~np.isnan(at) if at.dtype.kind == "f" else np.ones(len(at), bool)
+        out = np.full(len(ids), -1, np.int8)
+        out[ok] = split_code[at[ok].astype(np.int64)]
+        return out
 
-    def add(kind, a, b, score):
-        sa, sb = split1[a], split1[b]
-        if sa != sb:
-            pairs[kind].append({"a": a, "b": b, "split_a": sa, "split_b": sb, "score": float(score)})
+    data = read_items(items, id_col, text_col, code_cols, key_cols, num_perm=num_perm, seed=seed, k=k,
+                      select=select if len(split_ids) else (lambda ids: np.full(len(ids), -1, np.int8)))
+    ids, labels = data.ids, data.labels
+
+    def add(kind: str, x: np.ndarray, y: np.ndarray, score: np.ndarray | None):
+        x, y = np.asarray(x, np.int64), np.asarray(y, np.int64)
+        keep = labels[x] != labels[y]
+        x, y = x[keep], y[keep]
+        swap = labels[x] > labels[y]  # split_a is the earlier split
+        x, y = np.where(swap, y, x), np.where(swap, x, y)
+        parts.append((kind, ids.take(pa.array(x)), ids.take(pa.array(y)), labels[x], labels[y],
+                      None if score is None else np.asarray(score, np.float64)[keep]))
 
     for col, kind in key_cols.items():
-        vals = column(items, col)
-        first: dict[Any, dict[str, str]] = defaultdict(dict)  # key -> split -> first id
-        for n in keep:
-            v = vals[n]
-            if v is not None and v != "":
-                first[v].setdefault(split1[all_ids[n]], all_ids[n])
-        for v, per in first.items():
-            reps = list(per.values())
-            for b in reps[1:]:
-                add(kind, reps[0], b, 1.0)
-    if text_col and len(ids) > 1:
-        texts = column(items, text_col)
-        sub = [n for n in keep if texts[n] and texts[n].strip()]
-        if len(sub) > 1:
-            sigs = signatures([texts[n] for n in sub], num_perm=num_perm, seed=seed, k=k)
-            sub_ids = [all_ids[n] for n in sub]
-            for a, b, est in _cross_minhash(sub_ids, sigs, [split1[i] for i in sub_ids], threshold, seed):
-                add("minhash", a, b, est)
-    for col in code_cols:
-        codes = column(items, col)
-        for a, b, _reason, score in ast_edges(ids, fingerprints([codes[n] for n in keep]), seed=seed, num_perm=num_perm):
-            add("ast", a, b, score)
+        add(kind, *_key_cross(data.keys.pop(col), labels), None)
+    if text_col and len(data.has_text) > 1:
+        sigs = data.sigs
+        rows = None if len(data.has_text) == len(ids) else data.has_text
+        got = list(candidate_pairs_ooc(sigs, threshold, rows=rows, release=data.release, labels=labels))
+        if got:
+            add("minhash", *(np.concatenate([g[j] for g in got]) for j in range(3)))
+    data.sigs = data.release = None
+    if code_cols:
+        rank, _ = _ranks(ids)
+        order = np.empty(len(rank), np.int64)
+        order[rank] = np.arange(len(rank))  # rank -> row
+        by_rank = labels[order]
+        for col in code_cols:
+            for a, b, _reason, score in ast_pairs(rank, data.codes.pop(col), data.code_fps.pop(col), seed=seed,
+                                                   num_perm=num_perm, labels=by_rank):
+                add("ast", order[a], order[b], score)
+    del data
 
-    involved = {p[x] for ps in pairs.values() for p in ps for x in ("a", "b")}
-    n = len(split1)
-    frac = len(involved) / n if n else 0.0
+    names = pa.array(SPLIT_NAMES)
+    tables = [pa.table({
+        "kind": pa.repeat(pa.scalar(kind), len(a)), "a": a.cast(pa.string()), "b": b.cast(pa.string()),
+        "split_a": names.take(pa.array(la.astype(np.int64))), "split_b": names.take(pa.array(lb.astype(np.int64))),
+        "score": pa.repeat(pa.scalar(1.0), len(a)) if s is None else pa.array(s, pa.float64()),
+        "_k": pa.repeat(pa.scalar(kinds.index(kind), pa.int8()), len(a)),
+        "_sa": pa.array(la.astype(np.int8)), "_sb": pa.array(lb.astype(np.int8))})
+        for kind, a, b, la, lb, s in parts]
+    pairs = pa.concat_tables(tables)
+    pairs = pairs.take(pc.sort_indices(pairs, sort_keys=[(c, "ascending") for c in ("_k", "_sa", "_sb", "a", "b")]))
+    pairs = pairs.select(list(PAIR_COLUMNS))
+    involved = pc.count_distinct(pa.chunked_array(pairs.column("a").chunks + pairs.column("b").chunks,
+                                                  pa.string())).as_py() if pairs.num_rows else 0
+    n = len(split_ids)
+    frac = involved / n if n else 0.0
+    counts = {kind: 0 for kind in kinds}
+    for r in pc.value_counts(pairs.column("kind")).to_pylist():
+        counts[r["values"]] = r["counts"]
+    examples = {kind: [] for kind in kinds}
+    for kind in kinds:
+        if counts[kind]:
+            sub = pairs.filter(pc.equal(pairs.column("kind"), kind)).slice(0, max_examples)
+            examples[kind] = sub.drop_columns(["kind"]).to_pylist()
     return {
-        "passed": frac == 0.0 and not any(pairs.values()),
+        "passed": involved == 0,
         "overlap_fraction": frac,
         "n_items": n,
-        "n_overlapping_items": len(involved),
+        "n_overlapping_items": involved,
         "threshold": threshold,
-        "counts": {kind: len(ps) for kind, ps in pairs.items()},
-        "examples": {kind: ps[:max_examples] for kind, ps in pairs.items()},
+        "counts": counts,
+        "examples": examples,
         "pairs": pairs,
     }
 
 
-def report_rows(report: dict) -> list[dict]:
-    """One row per overlapping pair: kind, a, b, split_a, split_b, score."""
-    return [{"kind": kind, **p} for kind, ps in report["pairs"].items() for p in ps]
+def report_rows(report: dict, kind: str | None = None) -> list[dict]:
+    """One dict per overlapping pair (kind, a, b, split_a, split_b, score); only `kind`'s if given."""
+    import pyarrow.compute as pc
+
+    pairs = report["pairs"]
+    return (pairs if kind is None else pairs.filter(pc.equal(pairs.column("kind"), kind))).to_pylist()
 
 
-def report_tables(report: dict, checked_at, run_id: str | None) -> dict[str, list[dict]]:
-    """The rows one check run appends: `contamination_report` (the verdict) and `contamination_pairs`."""
+def report_tables(report: dict, checked_at, run_id: str | None) -> dict:
+    """The rows one check run appends: `contamination_report` (the verdict) and
+    `contamination_pairs` (a Table: one row per pair, stamped)."""
+    import pyarrow as pa
+
+    from ratchet.tables import TS
+
+    pairs = report["pairs"]
     stamp = {"checked_at": checked_at, "dagster_run_id": run_id}
     return {"contamination_report": [{**stamp, **{k: report[k] for k in (
                 "passed", "overlap_fraction", "n_items", "n_overlapping_items", "threshold", "counts", "examples")}}],
-            "contamination_pairs": [{**p, **stamp} for p in report_rows(report)]}
+            "contamination_pairs": pairs.append_column("checked_at", pa.repeat(pa.scalar(checked_at, TS), pairs.num_rows))
+                                        .append_column("dagster_run_id", pa.repeat(pa.scalar(run_id, pa.string()), pairs.num_rows))}

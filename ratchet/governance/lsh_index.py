@@ -93,6 +93,7 @@ def candidate_pairs_ooc(
     rows: np.ndarray | None = None,
     release=None,
     check=None,
+    labels: np.ndarray | None = None,
 ):
     """Yield (a_idx, b_idx, score) numpy batches of verified pairs (a_idx < b_idx, row indices).
     A pair is verified when its estimated Jaccard reaches `threshold` and, given `check(a, b,
@@ -109,12 +110,21 @@ def candidate_pairs_ooc(
     in different components: a family of k near-copies costs k - 1 checks per band instead of
     k(k - 1)/2 pairs (at 10M trajectories, 50 runs a task, the full pair list is ~2 billion rows
     before deduplication and did not fit DuckDB's memory limit). Every candidate pair is either
-    checked or already connected, so the components are those of the full verified graph."""
+    checked or already connected, so the components are those of the full verified graph.
+
+    With `labels` (one small non-negative integer a row, e.g. a split: not with `spanning`) only
+    pairs whose labels differ are listed, each once: a band's rows are grouped by key in DuckDB,
+    only groups holding two labels are read back (sorted by key), and their cross-label pairs are
+    verified in numpy. Over a clean split almost no group holds two labels, so the cost is one
+    group-by a band whatever the families' sizes; the full pair list (same-label pairs included)
+    is what ran out of DuckDB's memory at 10M trajectories."""
     import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     n, num_perm = sigs.shape
+    if labels is not None and spanning:
+        raise ValueError("labels lists every cross-label pair; it cannot be combined with spanning")
     if (n if rows is None else len(rows)) < 2:
         return
     b, r = lsh_params(threshold, num_perm)
@@ -168,13 +178,16 @@ def candidate_pairs_ooc(
         for j in range(b):
             os.makedirs(os.path.join(bands_dir, f"band={j}"))
         m = n if rows is None else len(rows)
+        label_type = np.int8 if labels is None or not len(labels) or int(np.max(labels)) < 128 else np.int32
         for f, i0 in enumerate(range(0, m, _ROWS_PER_FILE)):
             i1 = min(m, i0 + _ROWS_PER_FILE)
             part = np.arange(i0, i1, dtype=np.int64) if rows is None else np.asarray(rows[i0:i1], dtype=np.int64)
             keys = _band_keys(sigs[i0:i1] if rows is None else _gather(sigs, part, release), b, r)
-            ids = pa.array(part.astype(np.int32))
+            cols = {"id": pa.array(part.astype(np.int32))}
+            if labels is not None:
+                cols["label"] = pa.array(np.asarray(labels)[part].astype(label_type))
             for j in range(b):  # one folder per band: a band's query reads only its own keys
-                pq.write_table(pa.table({"key": keys[:, j], "id": ids}), os.path.join(bands_dir, f"band={j}", f"{f:06d}.parquet"))
+                pq.write_table(pa.table({"key": keys[:, j], **cols}), os.path.join(bands_dir, f"band={j}", f"{f:06d}.parquet"))
             if release:
                 release()
         con = duckdb.connect()
@@ -182,6 +195,9 @@ def candidate_pairs_ooc(
             con.execute(f"set memory_limit='{memory_limit}'")
             con.execute(f"set temp_directory='{os.path.join(work, 'spill')}'")
             con.execute("set preserve_insertion_order=false")
+            if labels is not None:
+                yield from _cross_bands(con, bands_dir, b, verify)
+                return
             if spanning:
                 for j in range(b):
                     files = os.path.join(bands_dir, f"band={j}", "*.parquet")
@@ -215,19 +231,80 @@ def candidate_pairs_ooc(
 
 
 def _whole_groups(reader):
-    """(keys, ids) numpy chunks of a stream sorted by key, each holding whole key groups (the
-    last group of a batch is held back until the next batch shows where it ends)."""
-    carry_k = np.zeros(0, np.uint64)
-    carry_i = np.zeros(0, np.int64)
+    """(keys, ids, ...) numpy chunks of a stream sorted by key (its first column; the others
+    as int64), each holding whole key groups (the last group of a batch is held back until the
+    next batch shows where it ends)."""
+    carry = None
     for batch in reader:
-        k = np.concatenate([carry_k, batch.column(0).to_numpy()])
-        i = np.concatenate([carry_i, batch.column(1).to_numpy().astype(np.int64)])
+        cols = [batch.column(0).to_numpy()] + [batch.column(c).to_numpy().astype(np.int64) for c in range(1, batch.num_columns)]
+        if carry is not None:
+            cols = [np.concatenate([x, y]) for x, y in zip(carry, cols)]
+        k = cols[0]
         cut = int(np.searchsorted(k, k[-1], side="left")) if len(k) else 0
         if cut:
-            yield k[:cut], i[:cut]
-        carry_k, carry_i = k[cut:], i[cut:]
-    if len(carry_k):
-        yield carry_k, carry_i
+            yield tuple(c[:cut] for c in cols)
+        carry = [c[cut:] for c in cols]
+    if carry is not None and len(carry[0]):
+        yield tuple(carry)
+
+
+def _cross_in_groups(keys: np.ndarray, ids: np.ndarray, labels: np.ndarray):
+    """(a, c) batches of every pair within a key group whose labels differ (ids ascending within
+    a group, so a < c), at most about _PAIR_BATCH pairs a batch."""
+    head = np.ones(len(keys), dtype=bool)
+    head[1:] = keys[1:] != keys[:-1]
+    starts = np.flatnonzero(head)
+    ends = np.append(starts[1:], len(keys))
+    buf_a: list[np.ndarray] = []
+    buf_c: list[np.ndarray] = []
+    size = 0
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        g, lab = ids[s:e], labels[s:e]
+        if len(g) * len(g) <= 2 * _PAIR_BATCH:
+            x, y = np.triu_indices(len(g), 1)
+            keep = lab[x] != lab[y]
+            parts = [(g[x[keep]], g[y[keep]])]
+        else:  # a large group: a member at a time (its pairs would not fit one batch)
+            parts = ((np.full(int(k.sum()), g[p]), g[p + 1:][k]) for p in range(len(g) - 1)
+                     for k in [lab[p + 1:] != lab[p]])
+        for a, c in parts:
+            if not len(a):
+                continue
+            buf_a.append(a)
+            buf_c.append(c)
+            size += len(a)
+            if size >= _PAIR_BATCH:
+                yield np.concatenate(buf_a), np.concatenate(buf_c)
+                buf_a, buf_c, size = [], [], 0
+    if size:
+        yield np.concatenate(buf_a), np.concatenate(buf_c)
+
+
+def _cross_bands(con, bands_dir: str, b: int, verify):
+    """Verified cross-label pairs over every band, each pair once (a pair sharing several bands
+    is verified in each; only verified pairs are kept to deduplicate)."""
+    got_a: list[np.ndarray] = []
+    got_c: list[np.ndarray] = []
+    got_s: list[np.ndarray] = []
+    for j in range(b):
+        files = os.path.join(bands_dir, f"band={j}", "*.parquet")
+        reader = con.sql(f"""
+            with k as (select key, id, label from read_parquet('{files}', hive_partitioning = false)),
+            mixed as (select key from k group by key having min(label) <> max(label))
+            select key, id, label from k where key in (select key from mixed) order by key, id
+            """).to_arrow_reader(_PAIR_BATCH)
+        for keys, ids, labs in _whole_groups(reader):
+            for a, c in _cross_in_groups(keys, ids, labs):
+                got = verify(a, c)
+                if got:
+                    got_a.append(got[0])
+                    got_c.append(got[1])
+                    got_s.append(got[2])
+        shutil.rmtree(os.path.join(bands_dir, f"band={j}"), ignore_errors=True)
+    if got_a:
+        a, c, s = np.concatenate(got_a), np.concatenate(got_c), np.concatenate(got_s)
+        _, first = np.unique(a.astype(np.int64) * (int(max(a.max(), c.max())) + 1) + c, return_index=True)
+        yield a[first], c[first], s[first]
 
 
 def _span_groups(keys: np.ndarray, ids: np.ndarray, parent: np.ndarray, verify, near=None):

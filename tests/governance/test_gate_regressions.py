@@ -11,7 +11,7 @@ from ratchet.governance import items as gov_items
 from ratchet.governance import tables as gov_tables
 from ratchet.governance import training_views
 from ratchet.governance.consent import decide, grants_from_rows, training_view
-from ratchet.governance.contamination import contamination_report
+from ratchet.governance.contamination import contamination_report, report_rows
 from ratchet.governance.splits import assign_splits, split_targets
 
 pytestmark = pytest.mark.governance
@@ -40,7 +40,7 @@ def test_shared_repo_and_issue_across_train_and_holdout_fails_the_gate(key_cols)
     assert not rep["passed"]
     assert rep["counts"]["repo"] == 1 and rep["counts"]["issue"] == 1
     assert rep["n_overlapping_items"] == 2 and rep["overlap_fraction"] == 1.0
-    assert {(p["split_a"], p["split_b"]) for kind in ("repo", "issue") for p in rep["pairs"][kind]} == {("train", "holdout")}
+    assert {(p["split_a"], p["split_b"]) for kind in ("repo", "issue") for p in report_rows(rep, kind)} == {("train", "holdout")}
     only_repo = contamination_report(*_pair("acme/widgets", "acme/widgets#8"), **kw)
     assert not only_repo["passed"] and only_repo["counts"]["repo"] == 1 and only_repo["counts"]["issue"] == 0
     only_issue = contamination_report(*_pair("globex/tools", "acme/widgets#7"), **kw)
@@ -122,5 +122,5 @@ def test_warehouse_items_carry_repo_and_issue_into_the_gate(wh, tmp_path):
     rep = contamination_report([{"id": item[t], "split": s} for t, s in split.items()], items, id_col="id",
                                text_col=None, code_cols=(), key_cols=gov_items.CONTAMINATION_KEYS)
     assert not rep["passed"] and rep["counts"]["repo"] == 1 and rep["counts"]["issue"] == 1
-    assert {p["a"] for k in ("repo", "issue") for p in rep["pairs"][k]} | {
-        p["b"] for k in ("repo", "issue") for p in rep["pairs"][k]} == {item[a["trajectory_id"]], item[b["trajectory_id"]]}
+    assert {p["a"] for k in ("repo", "issue") for p in report_rows(rep, k)} | {
+        p["b"] for k in ("repo", "issue") for p in report_rows(rep, k)} == {item[a["trajectory_id"]], item[b["trajectory_id"]]}
