@@ -152,10 +152,11 @@ def ast_pairs(
     pieces = [(a, b, reason, np.ones(len(a))) for a, b, reason in
               [(*_star(skel[item_fp] if len(uniq) else item_fp, item_rank), "ast_skeleton"),
                (*_star(small[item_fp] if len(uniq) else item_fp, item_rank), "ast_subtree")]]
-    entries = [j for j, fp in enumerate(uniq) if fp.subtrees]
+    low = np.full(len(uniq), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(low, item_fp, item_rank)  # each fingerprint's smallest item
+    # fingerprints no item carries (their code's items were left out: code -1) index nothing
+    entries = [j for j, fp in enumerate(uniq) if fp.subtrees and low[j] < np.iinfo(np.int64).max]
     if len(entries) > 1:
-        low = np.full(len(uniq), np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(low, item_fp, item_rank)  # each fingerprint's smallest item
         docs = [" ".join(uniq[j].hashes()) for j in entries]  # sorted: hex of equal length sorts as the number
         sigs = signatures(docs, num_perm=num_perm, seed=seed, k=1)
         cand_threshold = max(0.05, astfp.SUBTREE_JACCARD - 0.15)  # recall first; verified below
@@ -296,15 +297,14 @@ def _key_pairs(rank: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 class ItemColumns:
-    """What `read_items` keeps of each item read: its id (a pyarrow string array), its label from
-    `select` (int8, or None), its MinHash signature (`sigs`, n x num_perm; memory-mapped from
+    """What `read_items` keeps of each item read: its id (a pyarrow string array), its MinHash signature (`sigs`, n x num_perm; memory-mapped from
     1 GiB on, with `release` to drop its pages), which rows have text (`has_text`, row indices),
     per code column an index into that column's distinct fingerprints (`codes`, -1: no code;
     `code_fps`, a tuple of `Shape` per distinct text) and per key column the key's code in
     first-seen order (`keys`, -1: empty)."""
 
-    def __init__(self, ids, labels, sigs, release, has_text, codes, code_fps, keys):
-        self.ids, self.labels, self.sigs, self.release, self.has_text = ids, labels, sigs, release, has_text
+    def __init__(self, ids, sigs, release, has_text, codes, code_fps, keys):
+        self.ids, self.sigs, self.release, self.has_text = ids, sigs, release, has_text
         self.codes, self.code_fps, self.keys = codes, code_fps, keys
 
 
@@ -317,18 +317,15 @@ def read_items(
     num_perm: int = DEFAULT_NUM_PERM,
     seed: int = DEFAULT_SEED,
     k: int = DEFAULT_SHINGLE,
-    select=None,
 ) -> ItemColumns:
     """Read `items` once in batches (see `_batches`) into `ItemColumns`: past the batch being
     read only ids, signatures (one numpy matrix), interned keys and fingerprints are kept, so
-    text never has to be in memory whole. `select(ids: pa.StringArray) -> int array` labels
-    each row of a batch; rows labelled < 0 are skipped (no signature, no fingerprint)."""
+    text never has to be in memory whole."""
     import pyarrow as pa
 
     key_cols = list(key_cols)
     batches = _batches(items, [id_col, *([text_col] if text_col else []), *code_cols, *key_cols])
     id_parts: list[pa.Array] = []
-    label_parts: list[np.ndarray] = []
     # signatures go to a temp file batch by batch and are read back as one matrix: collecting
     # the parts and stacking them would hold every signature twice (+512 MB at 1M rows)
     tmp = os.environ.get("RATCHET_DEDUP_TMP") or None
@@ -345,16 +342,7 @@ def read_items(
     key_codes: dict[str, dict[Any, int]] = {c: {} for c in key_cols}
     key_parts: dict[str, list[np.ndarray]] = {c: [] for c in key_cols}
     for m, cols in batches:
-        ids = pa.array([str(x) for x in cols[id_col]], pa.string())
-        if select is not None:
-            lab = np.asarray(select(ids))
-            keep = np.flatnonzero(lab >= 0)
-            if len(keep) < m:
-                ids = ids.take(pa.array(keep))
-                cols = {c: [v[j] for j in keep.tolist()] for c, v in cols.items()}
-                m = len(keep)
-            label_parts.append(lab[keep].astype(np.int8))
-        id_parts.append(ids)
+        id_parts.append(pa.array([str(x) for x in cols[id_col]], pa.string()))
         if text_col:
             texts = cols[text_col]
             part = signatures(texts, num_perm=num_perm, seed=seed, k=k)
@@ -413,7 +401,7 @@ def read_items(
         return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
     return ItemColumns(
-        ids, joined(label_parts, np.int8) if select is not None else None, sigs, release, has_text,
+        ids, sigs, release, has_text,
         {c: joined(code_parts.pop(c), np.int32) for c in code_cols}, code_fps,
         {c: joined(key_parts.pop(c), np.int32) for c in key_cols})
 
