@@ -7,7 +7,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DAGSTER_DISABLE_TELEMETRY := true
 export PYTHONHASHSEED := 0
 
-.PHONY: install sysdeps docker-engine demo test test-all mutation bench ui validate clean deploy-up deploy-down
+.PHONY: install sysdeps docker-engine demo test test-all mutation mutation-save bench ui validate clean deploy-up deploy-down
 
 # System packages: bubblewrap isolates sandbox episodes (installed once, needs root/apt).
 # docker.io + debootstrap give the Docker runtime an engine and a base image built offline;
@@ -84,11 +84,16 @@ validate: install
 # survivors are run again when their target's test folder changed (--tests-dir is that folder,
 # not all of tests/: a survivor costs every test that calls its code, minutes each, and a test
 # added elsewhere cannot kill it), so a stopped run resumes.
+# A full run is hours on two cores, longer than a machine may live: the verdicts are also kept in
+# $(MUTATION_STATE), committed. A run with no cache of its own starts from that file
+# (`ratchet.mutation resume`), a finished run writes it back, and `make mutation-save` writes a
+# stopped or running run's verdicts so far (commit the file to keep them).
 # MUTATION_FRESH=1 starts from nothing.
 MUT_DIR ?= $(RATCHET_HOME)/mutation
 MUTATION_TARGETS ?= verifiers governance ingest
 MUTATION_SELECT ?= calls
 MUTATION_FRESH ?= 0
+MUTATION_STATE ?= docs/results/mutation-state.json
 MUT_PYTEST := $(abspath $(PY)) -m pytest -x -q -p no:cacheprovider -m 'not slow' --timeout 300
 mut_paths_verifiers := sandboxes/verifiers/
 mut_tests_verifiers := tests/sandboxes/test_verifiers.py
@@ -107,7 +112,9 @@ mutation: $(VENV)/.installed
 	if [ "$(MUTATION_FRESH)" != 1 ] && [ -f $(MUT_DIR)/.mutmut-cache ]; then cp $(MUT_DIR)/.mutmut-cache $(MUT_DIR).prev-cache; fi
 	rm -rf $(MUT_DIR) && mkdir -p $(MUT_DIR)
 	git ls-files -co --exclude-standard -z | xargs -0 tar -cf - | tar -xf - -C $(MUT_DIR)
-	if [ -f $(MUT_DIR).prev-cache ]; then mv $(MUT_DIR).prev-cache $(MUT_DIR)/.mutmut-cache; fi
+	if [ -f $(MUT_DIR).prev-cache ]; then mv $(MUT_DIR).prev-cache $(MUT_DIR)/.mutmut-cache; \
+	elif [ "$(MUTATION_FRESH)" != 1 ] && [ -f $(MUTATION_STATE) ]; then cd $(MUT_DIR) && $(abspath $(PY)) -m ratchet.mutation resume \
+	  --state $(abspath $(MUTATION_STATE)) --out .mutmut-cache $(foreach t,$(MUTATION_TARGETS),--paths "$(mut_paths_$(t))") || exit 1; fi
 	cp ratchet/governance/*.so $(MUT_DIR)/ratchet/governance/ 2>/dev/null || true
 	printf 'from ratchet.mutation import pre_mutation  # noqa: F401\n' > $(MUT_DIR)/mutmut_config.py
 	cd $(MUT_DIR) && for t in $(MUTATION_TARGETS); do \
@@ -124,8 +131,13 @@ mutation: $(VENV)/.installed
 	  RATCHET_MUTMAP=$$m $(abspath $(VENV))/bin/mutmut run --paths-to-mutate "$$p" --runner "$$r" --tests-dir "$$d" \
 	    --disable-mutation-types string,fstring --simple-output --no-progress --CI || exit 1; \
 	done; $(abspath $(VENV))/bin/mutmut results; \
-	cd $(CURDIR) && $(PY) -m ratchet.mutation --cache $(MUT_DIR)/.mutmut-cache --label "$(MUTATION_TARGETS)" --tests "select=$(MUTATION_SELECT)" \
+	cd $(CURDIR) && $(PY) -m ratchet.mutation save --cache $(MUT_DIR)/.mutmut-cache --state $(MUTATION_STATE) && \
+	$(PY) -m ratchet.mutation --cache $(MUT_DIR)/.mutmut-cache --label "$(MUTATION_TARGETS)" --tests "select=$(MUTATION_SELECT)" \
 	  --wall-s $$(( $$(date +%s) - $(MUT_START) ))
+
+# The verdicts of a stopped (or still running) `make mutation` into $(MUTATION_STATE).
+mutation-save:
+	$(PY) -m ratchet.mutation save --cache $(MUT_DIR)/.mutmut-cache --state $(MUTATION_STATE)
 
 # Every benchmark at its defaults, each recorded in docs/results (`ratchet bench NAME --record`);
 # imitation and rl_variant read the learning run's folder. Hours on 2 cores, the learning bench

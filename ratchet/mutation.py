@@ -313,6 +313,85 @@ def seed_cache(paths: list[Path], out: Path) -> dict:
     return {"files": len(best), "mutants": kept}
 
 
+# --- verdicts kept in the repository: a run that takes longer than one machine's life ------------
+#
+# A full run over governance and ingest is hours of pytest on two cores, and a machine (or a work
+# session) may end first: its cache would be lost with it. `save` writes every tested mutant's
+# verdict to a JSON file that is committed (file, line number, line text, index, status, the
+# tests' hash it was tested against); `resume` turns that file into a new cache. mutmut matches a
+# verdict by file, line text and index, as its own cache does: a killed mutant of an unchanged
+# line is not run again, a survivor is run again when its tests changed.
+
+STATE_FILE = "docs/results/mutation-state.json"
+
+
+def save_state(caches: list[Path], state: Path) -> dict:
+    """Merge the verdicts of `caches` into `state`: a file found in the caches replaces its earlier
+    entries (from the cache that tested most of its mutants); other files' entries are kept."""
+    import json
+
+    old = json.loads(state.read_text()) if state.exists() else {"files": {}}
+    best: dict[str, tuple[int, Path]] = {}
+    for p in caches:
+        for f, c in read_cache(p)["files"].items():
+            tested = c["mutants"] - c["untested"]
+            if f not in best or tested > best[f][0]:
+                best[f] = (tested, p)
+    files = dict(old.get("files", {}))
+    for f, (_, p) in best.items():
+        con = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+        try:
+            rows = con.execute("""SELECT l.line_number, l.line, m."index", m.status, m.tested_against_hash
+                                  FROM Mutant m JOIN Line l ON m.line = l.id JOIN SourceFile s ON l.sourcefile = s.id
+                                  WHERE s.filename = ? AND m.status != 'untested'
+                                  ORDER BY l.line_number, 3""", (f,)).fetchall()
+        finally:
+            con.close()
+        files[f] = [list(r) for r in rows]
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text(json.dumps({"format": 1, "files": dict(sorted(files.items()))}, indent=0) + "\n")
+    return {"files": len(best), "verdicts": sum(len(files[f]) for f in best)}
+
+
+def resume_cache(state: Path, out: Path, paths: list[str], root: Path) -> dict:
+    """A new mutmut cache at `out` holding the verdicts of `state` for the files under `paths`
+    (mutmut's --paths-to-mutate, relative to `root`, where the files are read). A verdict whose
+    line is no longer in its file (or is there more than once, none at its old number) is dropped:
+    that mutant is run again. mutmut's ORM binds to one file a process: one call a process."""
+    import json
+
+    from mutmut import cache as mc
+    from pony.orm import db_session
+
+    data = json.loads(state.read_text()) if state.exists() else {"files": {}}
+    prefixes = [p.strip().rstrip("/") for group in paths for p in group.split(",") if p.strip()]
+    out.unlink(missing_ok=True)
+    mc.db.bind(provider="sqlite", filename=str(out.resolve()), create_db=True)
+    mc.db.generate_mapping(create_tables=True)
+    kept = dropped = 0
+    with db_session:
+        mc.MiscData(key="version", value=str(mc.current_db_version))
+        for f, entries in sorted(data["files"].items()):
+            if not any(f == p or f.startswith(p + "/") for p in prefixes) or not (root / f).exists():
+                continue
+            lines = [x.rstrip("\n") for x in (root / f).read_text().splitlines(keepends=True)]
+            # every line, as mutmut's own first pass writes them: it then finds nothing to re-align
+            src = mc.SourceFile(filename=f)
+            objs = [mc.Line(sourcefile=src, line=text, line_number=i) for i, text in enumerate(lines)]
+            at: dict[str, list[int]] = {}
+            for i, text in enumerate(lines):
+                at.setdefault(text, []).append(i)
+            for num, text, index, status, tests_hash in entries:
+                if not (0 <= num < len(lines) and lines[num] == text):
+                    num = at[text][0] if len(at.get(text, ())) == 1 else None
+                if num is None:
+                    dropped += 1
+                    continue
+                mc.Mutant(line=objs[num], index=index, status=status, tested_against_hash=tests_hash or "")
+                kept += 1
+    return {"verdicts": kept, "dropped": dropped}
+
+
 def main(argv: list[str] | None = None) -> int:
     from ratchet import results
 
@@ -331,6 +410,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ratchet.mutation seed: {e}", file=sys.stderr)
             return 2
         print(f"mutation: {n['mutants']} earlier verdicts kept ({n['files']} files) -> {a.out}", file=sys.stderr)
+        return 0
+
+    if argv[:1] in (["save"], ["resume"]):
+        ap = argparse.ArgumentParser(prog=f"ratchet.mutation {argv[0]}", description=(
+            "merge a run's verdicts into the committed state file" if argv[0] == "save"
+            else "start a mutmut cache from the committed state file"))
+        ap.add_argument("--state", default=STATE_FILE, help=f"the verdicts file (default {STATE_FILE})")
+        if argv[0] == "save":
+            ap.add_argument("--cache", required=True, action="append", help="a run's .mutmut-cache (repeatable)")
+        else:
+            ap.add_argument("--out", required=True, help="the new .mutmut-cache")
+            ap.add_argument("--paths", required=True, action="append", help="mutmut's --paths-to-mutate (repeatable)")
+            ap.add_argument("--root", default=".", help="the copy the paths are relative to (default: here)")
+        a = ap.parse_args(argv[1:])
+        try:
+            if argv[0] == "save":
+                n = save_state([Path(c) for c in a.cache], Path(a.state))
+                print(f"mutation: {n['verdicts']} verdicts of {n['files']} files saved -> {a.state}", file=sys.stderr)
+            else:
+                n = resume_cache(Path(a.state), Path(a.out), a.paths, Path(a.root))
+                print(f"mutation: {n['verdicts']} saved verdicts resumed ({n['dropped']} dropped: their lines changed) "
+                      f"-> {a.out}", file=sys.stderr)
+        except (FileNotFoundError, sqlite3.Error, ValueError) as e:
+            print(f"ratchet.mutation {argv[0]}: {e}", file=sys.stderr)
+            return 2
         return 0
 
     ap = argparse.ArgumentParser(description="record mutmut's results on the results page")

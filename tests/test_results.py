@@ -168,3 +168,56 @@ def test_a_seeded_mutation_run_does_not_rerun_killed_mutants(tmp_path):
     (third / "m.py").write_text("def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x + x\n")
     runs_third = run(third, first / ".mutmut-cache")
     assert 1 <= runs_third < runs_first                       # the new line's mutants only
+
+
+def test_mutation_verdicts_saved_to_the_state_file_resume_on_another_machine(tmp_path):
+    """`ratchet.mutation save` writes a run's verdicts to a committed JSON file and `resume` builds
+    a new machine's cache from it: mutmut, run for real, runs none of the saved mutants again, a
+    moved line keeps its verdicts, a changed line gets its mutants run, and other files' saved
+    verdicts are kept by a later save."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from ratchet import mutation
+
+    mutmut = Path(sys.executable).parent / "mutmut"
+    if not mutmut.exists():
+        pytest.skip("mutmut is in the dev extra: pip install -e '.[dev]'")
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"format": 1, "files": {"other.py": [[0, "x = 1", 0, "ok_killed", "h"]]}}))
+
+    def run(folder: Path, resume: bool) -> int:
+        if resume:  # a process each, as `make mutation` runs it (mutmut's ORM binds once a process)
+            subprocess.run([sys.executable, "-m", "ratchet.mutation", "resume", "--state", str(state),
+                            "--out", str(folder / ".mutmut-cache"), "--paths", "m.py", "--root", str(folder)], check=True)
+        log = folder / "runs.log"
+        runner = f"{sys.executable} -c \"open('runs.log','a').write('x');import m;assert m.f(1)==2 and m.f(5)==6 and m.g(3)==6\""
+        subprocess.run([str(mutmut), "run", "--paths-to-mutate", "m.py", "--runner", runner, "--tests-dir", ".",
+                        "--simple-output", "--no-progress", "--CI"], cwd=folder, capture_output=True, check=False)
+        return len(log.read_text()) if log.exists() else 0
+
+    src = "def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x * 2\n"
+    first = tmp_path / "a"
+    first.mkdir()
+    (first / "m.py").write_text(src)
+    runs_first = run(first, resume=False)
+    killed = mutation.read_cache(first / ".mutmut-cache")["killed"]
+    assert killed >= 2
+    assert mutation.main(["save", "--cache", str(first / ".mutmut-cache"), "--state", str(state)]) == 0
+    saved = json.loads(state.read_text())["files"]
+    assert len(saved["m.py"]) == killed and saved["other.py"] == [[0, "x = 1", 0, "ok_killed", "h"]]
+
+    second = tmp_path / "b"
+    second.mkdir()
+    (second / "m.py").write_text("# moved down a line\n" + src)
+    assert run(second, resume=True) <= 1                      # the baseline run at most
+    assert mutation.read_cache(second / ".mutmut-cache")["killed"] == killed
+
+    third = tmp_path / "c"
+    third.mkdir()
+    (third / "m.py").write_text(src.replace("x * 2", "x + x"))
+    runs_third = run(third, resume=True)
+    assert 1 <= runs_third < runs_first                       # the changed line's mutants only
+    shutil.rmtree(first)
