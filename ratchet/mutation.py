@@ -315,8 +315,8 @@ def seed_cache(paths: list[Path], out: Path) -> dict:
 
 # --- verdicts kept in the repository: a run that takes longer than one machine's life ------------
 #
-# A full run over governance and ingest is hours of pytest on two cores, and a machine (or a work
-# session) may end first: its cache would be lost with it. `save` writes every tested mutant's
+# A full run over governance and ingest is hours of pytest on two cores, and the machine may be
+# gone before it ends, its cache with it. `save` writes every tested mutant's
 # verdict to a JSON file that is committed (file, line number, line text, index, status, the
 # tests' hash it was tested against); `resume` turns that file into a new cache. mutmut matches a
 # verdict by file, line text and index, as its own cache does: a killed mutant of an unchanged
