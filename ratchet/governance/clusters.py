@@ -127,7 +127,7 @@ def ast_pairs(
     tuples took ~280 MB per million.
 
     `labels` (indexed by rank; the contamination check's splits) keeps only the subtree pairs
-    whose two items carry different labels, found by the out-of-core LSH's cross-label search:
+    whose two items carry different labels (`lsh_index.mixed_component_pairs`):
     a subtree edge joins the smallest items of two fingerprints, so that is the pair it is
     judged by. The skeleton and identical-subtree stars are returned whole (the caller filters)."""
     fp_ids: dict[Shape, int] = {}
@@ -174,16 +174,21 @@ def ast_pairs(
         # One entry per distinct code shape (200k at 10M trajectories). With `spanning` (clusters),
         # through the out-of-core LSH with the collision as its check, made only where it can still
         # join two groups of shapes: datasketch's in-memory index of 200k shapes held ~2 GB at 10M.
-        # With `labels` (the contamination check), the same index lists only cross-label pairs.
+        # With `labels` (the contamination check), only cross-label pairs, searched for within the
+        # components (of a spanning pass) that hold two labels.
         # Every pair (`ast_edges`) stays on datasketch's index: the out-of-core all-pairs join at
         # this low threshold ran out of DuckDB's 256 MB at 100k random functions. Entries joined
         # through one item need no edge (the item joins them).
-        if spanning or labels is not None:
+        if labels is not None:
+            from .lsh_index import mixed_component_pairs
+
+            found = ((ea, eb, v) for a, b, score in mixed_component_pairs(sigs, cand_threshold, np.asarray(labels)[low[entries]],
+                                                                          check=check)
+                     for ea, eb, v in zip(a.tolist(), b.tolist(), score.tolist()))
+        elif spanning:
             from .lsh_index import candidate_pairs_ooc
 
-            cross = None if labels is None else np.asarray(labels)[low[entries]]
-            found = ((ea, eb, v) for a, b, score in candidate_pairs_ooc(sigs, cand_threshold, spanning=spanning, check=check,
-                                                                        labels=cross)
+            found = ((ea, eb, v) for a, b, score in candidate_pairs_ooc(sigs, cand_threshold, spanning=True, check=check)
                      for ea, eb, v in zip(a.tolist(), b.tolist(), score.tolist()))
         else:
             found = ((ea, eb, subtree_score(ea, eb)) for ea, eb in (

@@ -171,6 +171,22 @@ def test_a_clean_split_passes_with_nothing_listed():
     assert stamped["contamination_report"][0]["passed"] is True
 
 
+def _brute(sigs, rows, labels, threshold=0.8):
+    """Every pair of `rows` sharing a band, labelled differently and reaching the threshold."""
+    b, r = lsh_index.lsh_params(threshold, sigs.shape[1])
+    bands = sigs[:, : b * r].reshape(len(sigs), b, r)
+    want = {}
+    in_rows = bands[rows]
+    for i in rows.tolist():
+        same = (in_rows == bands[i]).all(axis=2).any(axis=1)
+        for j in rows[same].tolist():
+            if i < j and labels[i] != labels[j]:
+                est = float(np.mean(sigs[i] == sigs[j]))
+                if est >= threshold:
+                    want[(i, j)] = est
+    return want
+
+
 def test_cross_label_pairs_equal_brute_force(tmp_path):
     """`candidate_pairs_ooc(labels=...)`: exactly the band-sharing, verified pairs whose labels
     differ, each once, including a key group too large for one batch of pairs."""
@@ -192,20 +208,19 @@ def test_cross_label_pairs_equal_brute_force(tmp_path):
                                                                   tmp_dir=str(tmp_path), memory_limit="64MB")]
     pairs = {(int(x), int(y)): float(v) for a, c, s in got for x, y, v in zip(a, c, s)}
     assert sum(len(a) for a, _, _ in got) == len(pairs)  # each pair once
-    b, r = lsh_index.lsh_params(0.8, sigs.shape[1])
-    bands = sigs[:, : b * r].reshape(len(sigs), b, r)
-    want = {}
-    in_rows = bands[rows]
-    for i in rows.tolist():
-        same = (in_rows == bands[i]).all(axis=2).any(axis=1)
-        for j in rows[same].tolist():
-            if i < j and labels[i] != labels[j]:
-                est = float(np.mean(sigs[i] == sigs[j]))
-                if est >= 0.8:
-                    want[(i, j)] = est
-    assert pairs == pytest.approx(want)
+    assert pairs == pytest.approx(_brute(sigs, rows, labels))
     big = {k for k in pairs if k[0] >= len(texts) - 600}
     assert len(big) > lsh_index._PAIR_BATCH  # the group's pairs span batches
     assert list(tmp_path.iterdir()) == []
+    # two passes (components of a spanning pass, then only the components holding two labels):
+    # the same pairs over every row
+    everything = np.arange(len(texts))
+    in_all = _brute(sigs, everything, labels)
+    two = {(int(x), int(y)): float(v) for a, c, s in lsh_index.mixed_component_pairs(sigs, 0.8, labels)
+           for x, y, v in zip(a, c, s)}
+    assert two == pytest.approx(in_all) and len(two) > len(pairs)
+    one_label = np.zeros(len(texts), np.int8)
+    one_label[-600:] = 1  # the big group's rows apart from the rest: no pair crosses
+    assert list(lsh_index.mixed_component_pairs(sigs, 0.8, one_label)) == []
     with pytest.raises(ValueError, match="spanning"):
         list(lsh_index.candidate_pairs_ooc(sigs, 0.8, spanning=True, labels=labels))
