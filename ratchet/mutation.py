@@ -190,18 +190,60 @@ def _function_key(source: str, line: int) -> tuple[str | None, bool]:
     return f"{first}:{best.name}", True
 
 
+def _names_defined_at(source: str, line: int) -> set[str]:
+    """The names a module- or class-level statement holding 1-based `line` binds (a constant, a
+    dataclass field, a class): a test can read them without calling anything of the file."""
+    import ast
+
+    names: set[str] = set()
+
+    def visit(body):
+        for node in body:
+            if not (node.lineno <= line <= (node.end_lineno or node.lineno)):
+                continue
+            if isinstance(node, ast.ClassDef):
+                names.add(node.name)
+                visit(node.body)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                    names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+                    names.update(n.attr for n in ast.walk(t) if isinstance(n, ast.Attribute))
+
+    visit(ast.parse(source).body)
+    return names
+
+
 _MAP_CACHE: dict = {}
+_TEST_TEXT: dict[str, str] = {}
+
+
+def _test_text(test_id: str) -> str:
+    path = test_id.split("::")[0]
+    if path not in _TEST_TEXT:
+        try:
+            _TEST_TEXT[path] = Path(path).read_text()
+        except OSError:
+            _TEST_TEXT[path] = ""
+    return _TEST_TEXT[path]
 
 
 def select_tests(mapping: dict, filename: str, line: int, source: str) -> list[str]:
     """The tests that can kill a mutant of `filename` at 1-based `line`, fastest first: [] when
-    no test runs that code."""
+    no test runs that code. A line outside any function gets every test that called something of
+    the file, and every test in a test file that names what the line defines (a query string a
+    test runs itself calls nothing of the file: a mutant of it survived unrun)."""
+    import re
+
     funcs = mapping["files"].get(filename, {})
     key, in_function = _function_key(source, line)
     if in_function:
         tests = set(funcs.get(key, ()))
     else:
         tests = {t for ts in funcs.values() for t in ts}
+        names = _names_defined_at(source, line)
+        if names:
+            named = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, names))) + r")\b")
+            tests |= {t for t in mapping["tests"] if named.search(_test_text(t))}
     return sorted(tests, key=lambda t: (mapping["tests"].get(t, 0.0), t))
 
 
@@ -349,8 +391,17 @@ def save_state(caches: list[Path], state: Path) -> dict:
             con.close()
         files[f] = [list(r) for r in rows]
     state.parent.mkdir(parents=True, exist_ok=True)
-    state.write_text(json.dumps({"format": 1, "files": dict(sorted(files.items()))}, indent=0) + "\n")
+    state.write_text(_state_json(files))
     return {"files": len(best), "verdicts": sum(len(files[f]) for f in best)}
+
+
+def _state_json(files: dict) -> str:
+    """The state file's text: JSON with one verdict a line (diffs show what changed)."""
+    import json
+
+    parts = [json.dumps(f) + ": [" + ",".join("\n" + json.dumps(e) for e in es) + ("\n]" if es else "]")
+             for f, es in sorted(files.items())]
+    return '{"format": 1, "files": {\n' + ",\n".join(parts) + "\n}}\n"
 
 
 def resume_cache(state: Path, out: Path, paths: list[str], root: Path) -> dict:

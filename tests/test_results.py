@@ -221,3 +221,23 @@ def test_mutation_verdicts_saved_to_the_state_file_resume_on_another_machine(tmp
     runs_third = run(third, resume=True)
     assert 1 <= runs_third < runs_first                       # the changed line's mutants only
     shutil.rmtree(first)
+
+
+def test_a_module_level_mutant_runs_the_tests_that_name_what_its_line_defines(tmp_path, monkeypatch):
+    """Mutation test selection: a mutant inside a function runs the tests that called it; a
+    mutant of a module-level constant also runs every test in a file naming the constant (a test
+    that runs a query string reads it without calling anything of its file)."""
+    from ratchet import mutation
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_q.py").write_text("from m import QUERY\n\ndef test_q():\n    assert QUERY\n")
+    (tmp_path / "tests" / "test_f.py").write_text("from m import f\n\ndef test_f():\n    assert f() == 1\n")
+    (tmp_path / "tests" / "test_other.py").write_text("def test_other():\n    assert QUERY_TWO\n")
+    source = 'QUERY = "SELECT 1"\nLIMIT: int = 3\n\n\ndef f():\n    return 1\n\n\nclass C:\n    size: int = 4\n'
+    mapping = {"files": {"m.py": {"5:f": ["tests/test_f.py::test_f"]}},
+               "tests": {"tests/test_q.py::test_q": 0.2, "tests/test_f.py::test_f": 0.1, "tests/test_other.py::test_other": 0.3}}
+    assert mutation.select_tests(mapping, "m.py", 6, source) == ["tests/test_f.py::test_f"]
+    assert mutation.select_tests(mapping, "m.py", 1, source) == ["tests/test_f.py::test_f", "tests/test_q.py::test_q"]
+    assert mutation.select_tests(mapping, "m.py", 2, source) == ["tests/test_f.py::test_f"]  # no test names LIMIT
+    assert mutation._names_defined_at(source, 10) == {"C", "size"}

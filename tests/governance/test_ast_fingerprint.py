@@ -87,3 +87,16 @@ def test_collision_thresholds_are_inclusive():
     assert collide(a, c) is None
     empty = Fingerprint("e", "function", "e", frozenset(), 3)
     assert collide(empty, empty) is None  # no shapes: nothing shared, not everything
+
+
+def test_two_items_sharing_most_subtrees_are_an_edge():
+    """The shape index runs from two distinct shapes on: two functions with different skeletons
+    (one adds a statement) that share most subtrees are an `ast_subtree` edge, alone or with a
+    third unrelated item."""
+    from ratchet.governance.clusters import ast_edges, fingerprints
+
+    a = "def f(xs, t):\n    total = 0\n    for x in xs:\n        if x > t:\n            total += x * 2\n    return total\n"
+    b = a.replace("def f", "def g").replace("    return total", "    total = total - 1\n    return total")
+    assert collide(fingerprint_code(a)[0], fingerprint_code(b)[0])[0] == "subtree"
+    assert ast_edges(["x", "y"], fingerprints([a, b])) == [("x", "y", "ast_subtree", 0.894737)]
+    assert ast_edges(["x", "y", "z"], fingerprints([a, b, "def h(q):\n    return q\n"])) == [("x", "y", "ast_subtree", 0.894737)]
