@@ -312,17 +312,23 @@ def merge_caches(paths: list[Path]) -> dict:
             "baseline": "every mutant killed", "ratio": round(total["killed"] / tested, 4) if tested else None}
 
 
-def seed_cache(paths: list[Path], out: Path) -> dict:
-    """A cache for a new run that keeps earlier verdicts: every file's mutants from the cache that
-    tested most of them (one version of a file, as in `merge_caches`). mutmut matches them by file,
-    line text and index, so a killed mutant is not run again while a changed line gets new
-    mutants; a survivor is run again whenever the tests changed (mutmut hashes the tests folder)."""
+def _best_caches(paths: list[Path]) -> dict[str, tuple[int, Path]]:
+    """Per mutated file, (mutants tested, the cache that tested most of them)."""
     best: dict[str, tuple[int, Path]] = {}
     for p in paths:
         for f, c in read_cache(p)["files"].items():
             tested = c["mutants"] - c["untested"]
             if f not in best or tested > best[f][0]:
                 best[f] = (tested, p)
+    return best
+
+
+def seed_cache(paths: list[Path], out: Path) -> dict:
+    """A cache for a new run that keeps earlier verdicts: every file's mutants from the cache that
+    tested most of them (one version of a file, as in `merge_caches`). mutmut matches them by file,
+    line text and index, so a killed mutant is not run again while a changed line gets new
+    mutants; a survivor is run again whenever the tests changed (mutmut hashes the tests folder)."""
+    best = _best_caches(paths)
     out.unlink(missing_ok=True)
     con = sqlite3.connect(out)
     try:
@@ -373,12 +379,7 @@ def save_state(caches: list[Path], state: Path) -> dict:
     import json
 
     old = json.loads(state.read_text()) if state.exists() else {"files": {}}
-    best: dict[str, tuple[int, Path]] = {}
-    for p in caches:
-        for f, c in read_cache(p)["files"].items():
-            tested = c["mutants"] - c["untested"]
-            if f not in best or tested > best[f][0]:
-                best[f] = (tested, p)
+    best = _best_caches(caches)
     files = dict(old.get("files", {}))
     for f, (_, p) in best.items():
         con = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
