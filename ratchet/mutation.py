@@ -69,7 +69,8 @@ def read_cache(path: Path) -> dict:
 # Makefile writes into the copy) then narrows each mutant's pytest command to those tests, fastest
 # first. A mutant in a function no test calls survives without a run: no test executes that code.
 # Lines outside any function body (constants, defaults, decorators: run at import) get every test
-# that called anything in the file.
+# that called anything in the file and the tests that name what the line defines, or the target's
+# whole runner where that finds none.
 
 _SITECUSTOMIZE = r'''
 import os, sys, threading
@@ -227,11 +228,13 @@ def _test_text(test_id: str) -> str:
     return _TEST_TEXT[path]
 
 
-def select_tests(mapping: dict, filename: str, line: int, source: str) -> list[str]:
+def select_tests(mapping: dict, filename: str, line: int, source: str) -> list[str] | None:
     """The tests that can kill a mutant of `filename` at 1-based `line`, fastest first: [] when
     no test runs that code. A line outside any function gets every test that called something of
     the file, and every test in a test file that names what the line defines (a query string a
-    test runs itself calls nothing of the file: a mutant of it survived unrun)."""
+    test runs itself calls nothing of the file: a mutant of it survived unrun); None (the target's
+    whole runner) when that finds none: a module only other modules read (a table of schemas
+    read through a registry) is still imported by the tests, so its mutant must run them."""
     import re
 
     funcs = mapping["files"].get(filename, {})
@@ -244,6 +247,8 @@ def select_tests(mapping: dict, filename: str, line: int, source: str) -> list[s
         if names:
             named = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, names))) + r")\b")
             tests |= {t for t in mapping["tests"] if named.search(_test_text(t))}
+        if not tests:
+            return None
     return sorted(tests, key=lambda t: (mapping["tests"].get(t, 0.0), t))
 
 
@@ -261,6 +266,8 @@ def pre_mutation(context) -> None:
     mapping = _MAP_CACHE[path]
     source = Path(context.filename).read_text()
     tests = select_tests(mapping, context.filename, context.current_line_index + 1, source)
+    if tests is None:
+        return                                 # the target's whole runner
     if not tests:
         context.config.test_command = "true"   # no test executes this line: it survives as is
         return

@@ -226,7 +226,8 @@ def test_mutation_verdicts_saved_to_the_state_file_resume_on_another_machine(tmp
 def test_a_module_level_mutant_runs_the_tests_that_name_what_its_line_defines(tmp_path, monkeypatch):
     """Mutation test selection: a mutant inside a function runs the tests that called it; a
     mutant of a module-level constant also runs every test in a file naming the constant (a test
-    that runs a query string reads it without calling anything of its file)."""
+    that runs a query string reads it without calling anything of its file), and the whole runner
+    when nothing else selects a test."""
     from ratchet import mutation
 
     monkeypatch.chdir(tmp_path)
@@ -241,3 +242,7 @@ def test_a_module_level_mutant_runs_the_tests_that_name_what_its_line_defines(tm
     assert mutation.select_tests(mapping, "m.py", 1, source) == ["tests/test_f.py::test_f", "tests/test_q.py::test_q"]
     assert mutation.select_tests(mapping, "m.py", 2, source) == ["tests/test_f.py::test_f"]  # no test names LIMIT
     assert mutation._names_defined_at(source, 10) == {"C", "size"}
+    # a module no test calls into and no test names: its constants' mutants run the whole runner
+    assert mutation.select_tests(mapping, "schemas.py", 1, "SCHEMAS = {'t': 1}\n") is None
+    assert mutation.select_tests(mapping, "schemas.py", 2, "X = 1\n\n\ndef g():\n    return 2\n") is None
+    assert mutation.select_tests(mapping, "schemas.py", 5, "X = 1\n\n\ndef g():\n    return 2\n") == []

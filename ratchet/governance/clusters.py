@@ -23,8 +23,6 @@ import numpy as np
 from . import ast_fingerprint as astfp
 from .minhash import DEFAULT_NUM_PERM, DEFAULT_SEED, DEFAULT_SHINGLE, lsh_pairs, signatures
 
-EDGE_COLUMNS = ("a", "b", "reason", "score")
-
 
 def rows_of(data: Any) -> list[dict]:
     """Accept a pyarrow Table, a pandas DataFrame or an iterable of dicts."""
@@ -33,12 +31,6 @@ def rows_of(data: Any) -> list[dict]:
     if hasattr(data, "to_dict") and hasattr(data, "columns"):
         return data.to_dict("records")
     return list(data)
-
-
-def column(data: Any, name: str) -> list:
-    if hasattr(data, "column_names"):
-        return data.column(name).to_pylist() if name in data.column_names else [None] * data.num_rows
-    return [r.get(name) for r in rows_of(data)]
 
 
 def cluster_id_for(smallest_member: str) -> str:

@@ -14,11 +14,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from ratchet.governance import lsh_index
-from ratchet.governance.clusters import ast_edges, column, fingerprints, rows_of
+from ratchet.governance.clusters import ast_edges, fingerprints, rows_of
 from ratchet.governance.contamination import SPLIT_NAMES, contamination_report, report_rows, report_tables
 from ratchet.governance.minhash import DEFAULT_SCHEME, DEFAULT_SEED, signatures
 
 pytestmark = pytest.mark.governance
+
+
+def column(data, name: str) -> list:
+    if hasattr(data, "column_names"):
+        return data.column(name).to_pylist() if name in data.column_names else [None] * data.num_rows
+    return [r.get(name) for r in rows_of(data)]
 
 
 def _reference(assignments, items, id_col="id", text_col="prompt_text", code_cols=("patch",), key_cols=None,

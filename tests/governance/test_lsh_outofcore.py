@@ -274,7 +274,33 @@ def test_ast_subtree_candidates_out_of_core_match_datasketch_and_spanning_keeps_
     assert all(s in want[p] for p, s in full.items())
     span = subtree_edges(ast_pairs(rank, code, shapes, spanning=True))
     assert span.keys() < full.keys()
+    assert all(s in want[p] for p, s in span.items())  # each edge keeps its verified Jaccard
+    labels = (np.arange(len(codes)) % 2).astype(np.int8)
+    mixed = subtree_edges(ast_pairs(rank, code, shapes, labels=labels))
+    assert mixed and all(labels[x] != labels[y] and s in want[(x, y)] for (x, y), s in mixed.items())
     kw = dict(id_col="task_id", text_col=None, code_cols=("solution",), key_cols={})
     c_full, _ = build_clusters(tasks, spanning=False, **kw)
     c_span, _ = build_clusters(tasks, spanning=True, **kw)
     assert c_full.equals(c_span)
+
+
+def test_an_item_whose_own_fingerprints_collide_gets_no_edge_to_itself():
+    """Two functions of one item that share subtrees are two shapes with the same smallest item:
+    the pair they make joins nothing and is no edge (edges have a < b), whichever index finds it."""
+    from ratchet.governance import ast_fingerprint as astfp
+    from ratchet.governance.clusters import Shape, ast_pairs
+
+    from .synthetic import mutant_tasks
+
+    codes = [t["solution"] for t in mutant_tasks(25)]
+    shapes = [tuple(Shape.of(fp) for fp in astfp.fingerprint_code(c)) for c in codes]
+    # an item carrying two solutions whose shapes collide by shared subtrees
+    a, b = next((i, j) for i in range(len(codes)) for j in range(i + 1, len(codes))
+                if len(shapes[i]) == len(shapes[j]) == 1
+                and (astfp.collide(shapes[i][0].fingerprint(), shapes[j][0].fingerprint()) or ("",))[0] == "subtree")
+    shapes = [shapes[a] + shapes[b]] + shapes
+    rank = np.arange(len(shapes), dtype=np.int64)
+    code = np.arange(len(shapes), dtype=np.int64)
+    for kw in ({}, {"spanning": True}, {"labels": (np.arange(len(shapes)) % 3).astype(np.int8)}):
+        pieces = ast_pairs(rank, code, shapes, **kw)
+        assert all((x < y).all() for x, y, _, _ in pieces), kw

@@ -225,6 +225,32 @@ def test_sql_reverification_catches_every_kind_of_bad_training_row(wh, tmp_path)
         assert {b["violation"] for b in store.fetch(con, training_views.TRAINING_VIOLATIONS_SQL)} == {"expired"}
 
 
+def test_the_gate_reads_its_inputs_from_the_warehouse_with_its_own_queries(wh, tmp_path):
+    """What the `training_views` asset runs: trajectories, grants and trajectory splits read with
+    the module's queries feed `training_rows`, and the stored result passes the SQL re-check."""
+    trajs = _ingest_some(wh, tmp_path)
+    acme = sorted(t["record_id"] for t in trajs if t["tenant_id"] == "acme")
+    with wh.connect() as con:
+        tables.ensure_all(con)
+        store.replace(con, "consent_grants", [
+            {"consent_id": "CONSENT-ACME-TRN-2026-09", "tenant_id": "acme", "scopes": ["train"], "retention_days": 90,
+             "granted_at": datetime(2026, 9, 1, tzinfo=timezone.utc)}])
+        store.replace(con, "split_assignments", [
+            {"id": f"traj:{t['record_id']}", "kind": "trajectory", "source_id": t["record_id"], "cluster_id": "c",
+             "split": "val" if t["record_id"] == acme[0] else "train"} for t in trajs]
+            # a task row under a trajectory's id: only trajectory rows say where a trajectory is
+            + [{"id": "task:x", "kind": "task", "source_id": acme[0], "cluster_id": "c", "split": "train"}])
+        grants = grants_from_rows(store.fetch(con, training_views.GRANTS_SQL))
+        rows = store.fetch(con, training_views.TRAJECTORIES_SQL)
+        split_of = {r["source_id"]: r for r in store.fetch(con, training_views.SPLIT_OF_SQL)}
+        assert [r["record_id"] for r in rows] == sorted(t["record_id"] for t in trajs)
+        train, audit = training_views.training_rows(rows, grants, split_of, NOW, tenants=["acme"])
+        assert sorted(r["record_id"] for r in train) == acme[1:]
+        assert {a["reason"] for a in audit if a["record_id"] == acme[0]} == {"not_train_split"}
+        store.replace(con, "training_set", train)
+        assert store.fetch(con, training_views.TRAINING_VIOLATIONS_SQL) == []
+
+
 def test_checkpoint_flags_follow_revocation_and_stay_sticky(wh, tmp_path):
     trajs = _ingest_some(wh, tmp_path)
     acme = [t["record_id"] for t in trajs if t["tenant_id"] == "acme"]
