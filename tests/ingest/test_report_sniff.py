@@ -33,3 +33,14 @@ def test_report_sniff(tmp_path):
     (tmp_path / "head.json").write_bytes(b'[{"trajectory_id": "a"}' + b" " * (2 * ing.REPORT_SNIFF_BYTES) + b"\xff")
     assert ing._report_file(tmp_path / "head.json") is None
     assert not ing._looks_like_report(b'[{"resolved": true}]') and ing._looks_like_report(b'\xef\xbb\xbf {"x": {"resolved"')
+
+
+def test_any_one_of_a_run_summary_s_keys_in_the_head_is_enough(tmp_path):
+    """A summary whose `resolved_ids` lies past the sniffed head is still a report when either
+    count key is in it, whichever of them it has."""
+    ids = ["a"] * 20_000   # pushes `resolved_ids` past the first 64 KiB
+    for key in ("total_instances", "submitted_instances"):
+        (tmp_path / f"{key}.json").write_text(json.dumps({key: 2, "completed_ids": ids, "resolved_ids": ["a"]}))
+        assert ing._report_file(tmp_path / f"{key}.json") is not None, key
+    (tmp_path / "neither.json").write_text(json.dumps({"completed_ids": ids, "resolved_ids": ["a"]}))
+    assert ing._report_file(tmp_path / "neither.json") is None
