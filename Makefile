@@ -72,8 +72,8 @@ validate: install
 # of the work tree under $(MUT_DIR) (the checkout is never touched) and runs only the tests that
 # cover it. MUTATION_SELECT=calls (the default) first runs the target's tests once under a call
 # tracer (`ratchet.mutation map`, pool workers included) and then gives each mutant only the tests
-# that call its function, fastest first: seconds a mutant instead of the whole folder; a mutant in
-# code no test calls survives without a run. A module-level line (a constant) gets the tests that
+# that ran its statement, fastest first: seconds a mutant instead of the whole folder; a mutant in
+# code no test runs survives without a run. A module-level line (a constant) gets the tests that
 # call its file or name it, or the whole list where none do. MUTATION_SELECT=all runs the target's whole test list
 # for every mutant (as mutmut does alone). Run it under `nice -n 19` on a shared machine.
 # `make mutation MUTATION_TARGETS=verifiers` runs one; survivors are listed at the end

@@ -10,8 +10,8 @@ it: counts per file and every survivor with its source line).
 
 (`--cache` again for each further copy when files were mutated in several copies at once.)
 
-`map` (run by `make mutation` in the mutation copy) records which tests call each function, so a
-mutant runs those tests, not its whole folder (see `pre_mutation`):
+`map` (run by `make mutation` in the mutation copy) records which tests call each function and run
+each line, so a mutant runs those tests, not its whole folder (see `pre_mutation`):
 
     .venv/bin/python -m ratchet.mutation map --paths ratchet/governance/ --runner "python -m pytest tests/governance" --out MAP
 """
@@ -61,13 +61,15 @@ def read_cache(path: Path) -> dict:
             "baseline": "every mutant killed", "ratio": round(total["killed"] / tested, 4) if tested else None}
 
 
-# --- test selection: each mutant runs only the tests that call the function it sits in ----------
+# --- test selection: each mutant runs only the tests that run the statement it sits in -----------
 #
-# `map` runs the target's tests once under a call tracer (every process: spawn pool workers and
-# threads too, through a sitecustomize on PYTHONPATH) and writes, for every function of the mutated
-# files, the tests that called it. mutmut's `pre_mutation` hook (the `mutmut_config.py` the
-# Makefile writes into the copy) then narrows each mutant's pytest command to those tests, fastest
-# first. A mutant in a function no test calls survives without a run: no test executes that code.
+# `map` runs the target's tests once under a tracer (every process: spawn pool workers and threads
+# too, through a sitecustomize on PYTHONPATH) and writes, for every function and every line of the
+# mutated files, the tests that ran it. mutmut's `pre_mutation` hook (the `mutmut_config.py` the
+# Makefile writes into the copy) then narrows each mutant's pytest command to the tests that ran its
+# statement, fastest first (by function with a map of calls only). A mutant in a statement no test
+# runs survives without a run: no test executes that code. By line, not by function: one function
+# such as `ingest()` is called by every ingest test, and its survivors each cost all of them.
 # Lines outside any function body (constants, defaults, decorators: run at import) get every test
 # that called anything in the file and the tests that name what the line defines, or the target's
 # whole runner where that finds none.
@@ -75,12 +77,23 @@ def read_cache(path: Path) -> dict:
 _SITECUSTOMIZE = r'''
 import os, sys, threading
 _out = os.environ.get("RATCHET_MUTMAP_OUT")
+_cur = [os.environ.get("RATCHET_MUTMAP_TEST", "")]   # the running test; the plugin sets it in-process
 if _out:
     _targets = set(os.environ["RATCHET_MUTMAP_TARGETS"].split(os.pathsep))
     _seen = set()
+    _lines_seen = set()
     _file = open(os.path.join(_out, "calls-%d.tsv" % os.getpid()), "a", buffering=1)
+    _lfile = open(os.path.join(_out, "lines-%d.tsv" % os.getpid()), "a", buffering=1)  # pool workers may be killed
 
     _known = {}
+
+    def _line(frame, event, arg):
+        if event == "line":
+            key = (_cur[0], frame.f_code.co_filename, frame.f_lineno)
+            if key not in _lines_seen:
+                _lines_seen.add(key)
+                _lfile.write("%s\t%s\t%d\n" % (key[0], os.path.abspath(key[1]), key[2]))
+        return _line
 
     def _trace(frame, event, arg):
         co = frame.f_code
@@ -88,10 +101,11 @@ if _out:
         if hit is None:
             hit = _known[co.co_filename] = os.path.abspath(co.co_filename) in _targets
         if hit:
-            key = (os.environ.get("RATCHET_MUTMAP_TEST", ""), os.path.abspath(co.co_filename), co.co_firstlineno, co.co_name)
+            key = (_cur[0], os.path.abspath(co.co_filename), co.co_firstlineno, co.co_name)
             if key not in _seen:
                 _seen.add(key)
                 _file.write("\t".join(map(str, key)) + "\n")
+            return _line
         return None
 
     sys.settrace(_trace)
@@ -103,7 +117,8 @@ import os, time
 durations = {}
 
 def pytest_runtest_protocol(item, nextitem):
-    os.environ["RATCHET_MUTMAP_TEST"] = item.nodeid.split("[", 1)[0]
+    import sitecustomize
+    os.environ["RATCHET_MUTMAP_TEST"] = sitecustomize._cur[0] = item.nodeid.split("[", 1)[0]
 
 def pytest_runtest_logreport(report):
     key = report.nodeid.split("[", 1)[0]
@@ -150,9 +165,21 @@ def build_map(paths: list[str], pytest_argv: list[str], out: Path, root: Path) -
                 test, filename, line, name = row.split("\t")
                 if test:      # "" is import time (collection): covered by the file-level fallback
                     calls.setdefault(targets[filename], {}).setdefault(f"{line}:{name}", set()).add(test)
+        order = sorted(durations)
+        index = {t: i for i, t in enumerate(order)}
+        lines: dict[str, dict[int, set]] = {}
+        for tsv in Path(tmp).glob("lines-*.tsv"):
+            for row in tsv.read_text().splitlines():
+                test, filename, line = row.split("\t")
+                if test in index and filename in targets:
+                    lines.setdefault(targets[filename], {}).setdefault(int(line), set()).add(index[test])
     opts = _drop_test_paths(pytest_argv, root)
     mapping = {"pytest": opts, "tests": durations,
-               "files": {f: {k: sorted(v) for k, v in funcs.items()} for f, funcs in calls.items()}}
+               "files": {f: {k: sorted(v) for k, v in funcs.items()} for f, funcs in calls.items()},
+               # which tests ran each line (indices into test_ids): a mutant of a branch few tests
+               # take runs those few, not every test of its function
+               "test_ids": order,
+               "lines": {f: {str(n): sorted(v) for n, v in sorted(ls.items())} for f, ls in lines.items()}}
     out.write_text(json.dumps(mapping, indent=1, sort_keys=True))
     return mapping
 
@@ -189,6 +216,22 @@ def _function_key(source: str, line: int) -> tuple[str | None, bool]:
         return None, False
     first = min([d.lineno for d in best.decorator_list] + [best.lineno])
     return f"{first}:{best.name}", True
+
+
+def _statement_span(source: str, line: int) -> tuple[int, int]:
+    """The lines of the innermost statement holding 1-based `line` (a compound statement's header
+    only: `if`, `for`, `def` up to its body). A tracer sees the lines a statement's code runs on,
+    which need not be the line mutmut mutated in a statement written over several lines."""
+    import ast
+
+    best = None
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            body = getattr(node, "body", None)
+            last = body[0].lineno - 1 if isinstance(body, list) and body and hasattr(body[0], "lineno") else node.end_lineno
+            if line <= last and (best is None or node.lineno >= best[0]):
+                best = (node.lineno, max(last, node.lineno))
+    return best or (line, line)
 
 
 def _names_defined_at(source: str, line: int) -> set[str]:
@@ -239,7 +282,11 @@ def select_tests(mapping: dict, filename: str, line: int, source: str) -> list[s
 
     funcs = mapping["files"].get(filename, {})
     key, in_function = _function_key(source, line)
-    if in_function:
+    if in_function and filename in mapping.get("lines", {}):
+        ran, ids = mapping["lines"][filename], mapping["test_ids"]
+        first, last = _statement_span(source, line)
+        tests = {ids[i] for n in range(first, last + 1) for i in ran.get(str(n), ())}
+    elif in_function:
         tests = set(funcs.get(key, ()))
     else:
         tests = {t for ts in funcs.values() for t in ts}
@@ -296,7 +343,8 @@ def map_main(argv: list[str]) -> int:
         print(f"ratchet.mutation map: {e}", file=sys.stderr)
         return 1
     funcs = sum(len(v) for v in m["files"].values())
-    print(f"mutation map: {len(m['tests'])} tests, {funcs} functions called -> {a.out}", file=sys.stderr)
+    lines = sum(len(v) for v in m["lines"].values())
+    print(f"mutation map: {len(m['tests'])} tests, {funcs} functions called, {lines} lines run -> {a.out}", file=sys.stderr)
     return 0
 
 

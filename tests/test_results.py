@@ -246,3 +246,47 @@ def test_a_module_level_mutant_runs_the_tests_that_name_what_its_line_defines(tm
     assert mutation.select_tests(mapping, "schemas.py", 1, "SCHEMAS = {'t': 1}\n") is None
     assert mutation.select_tests(mapping, "schemas.py", 2, "X = 1\n\n\ndef g():\n    return 2\n") is None
     assert mutation.select_tests(mapping, "schemas.py", 5, "X = 1\n\n\ndef g():\n    return 2\n") == []
+
+
+def test_a_mutant_runs_only_the_tests_that_ran_its_statement(tmp_path):
+    """`ratchet.mutation map`, run for real on a small project: a mutant of a branch runs the test
+    that took it, not every test of its function; a statement written over two lines is one
+    statement (the tracer sees no line whose constant folded into the line above); a line run in a spawned pool worker counts for the test that started it."""
+    import json
+
+    from ratchet import mutation
+
+    source = ("def f(x):\n"
+              "    if x > 0:\n"
+              "        return x + 1\n"
+              "    return (x\n"
+              "            - 1)\n"
+              "\n"
+              "\n"
+              "def g(n):\n"
+              "    return [i for i in range(n)]\n"
+              "\n"
+              "\n"
+              "def h(x):\n"
+              "    return x in (1,\n"
+              "                 2)\n")
+    (tmp_path / "m.py").write_text(source)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_pos.py").write_text("from m import f\n\ndef test_pos():\n    assert f(1) == 2\n")
+    (tmp_path / "tests" / "test_neg.py").write_text("from m import f, h\n\ndef test_neg():\n    assert f(-1) == -2 and h(2)\n")
+    (tmp_path / "tests" / "test_pool.py").write_text(
+        "import multiprocessing as mp\nfrom concurrent.futures import ProcessPoolExecutor\nimport m\n\n"
+        "def test_pool():\n"
+        "    with ProcessPoolExecutor(1, mp_context=mp.get_context('spawn')) as ex:\n"
+        "        assert ex.submit(m.g, 3).result() == [0, 1, 2]\n")
+    mapping = mutation.build_map(["m.py"], ["-q", "-p", "no:cacheprovider", "tests"], tmp_path / "map.json", tmp_path)
+    assert json.loads((tmp_path / "map.json").read_text()) == mapping
+    pos, neg, pool = "tests/test_pos.py::test_pos", "tests/test_neg.py::test_neg", "tests/test_pool.py::test_pool"
+    assert mutation.select_tests(mapping, "m.py", 3, source) == [pos]
+    assert mutation.select_tests(mapping, "m.py", 5, source) == [neg]      # the second line of `return (x - 1)`
+    assert sorted(mutation.select_tests(mapping, "m.py", 2, source)) == sorted([pos, neg])
+    assert mutation.select_tests(mapping, "m.py", 9, source) == [pool]
+    assert mutation.select_tests(mapping, "m.py", 14, source) == [neg]     # folded into line 13's constant
+    # a map of calls only (no line data) selects by function, as before
+    calls_only = {k: v for k, v in mapping.items() if k not in ("lines", "test_ids")}
+    assert sorted(mutation.select_tests(calls_only, "m.py", 3, source)) == sorted([pos, neg])
