@@ -251,6 +251,39 @@ def test_the_gate_reads_its_inputs_from_the_warehouse_with_its_own_queries(wh, t
         assert store.fetch(con, training_views.TRAINING_VIOLATIONS_SQL) == []
 
 
+def test_the_python_gate_and_the_sql_recheck_agree_at_the_boundary_instants(wh, tmp_path):
+    """A grant revoked at the evaluation instant is revoked; a trajectory at exactly its retention
+    end still trains, one microsecond later it has expired: in `training_rows` and in the SQL
+    re-check alike (two implementations of one rule must not disagree on the instant)."""
+    _ingest_some(wh, tmp_path)
+    with wh.connect() as con:
+        tables.ensure_all(con)
+        rows = store.fetch(con, training_views.TRAJECTORIES_SQL)
+        t = next(r for r in rows if r["tenant_id"] == "acme" and r["ended_at"] is not None)
+        store.replace(con, "split_assignments", [{"id": f"traj:{t['record_id']}", "kind": "trajectory",
+                                                  "source_id": t["record_id"], "cluster_id": "c", "split": "train"}])
+        end = t["ended_at"] if t["ended_at"].tzinfo else t["ended_at"].replace(tzinfo=timezone.utc)
+        us = timedelta(microseconds=1)
+
+        def both(now, revoked_at=None):
+            grant = {"consent_id": t["consent_id"], "tenant_id": "acme", "scopes": ["train"], "retention_days": 90,
+                     "granted_at": end - timedelta(days=30), "revoked_at": revoked_at}
+            store.replace(con, "consent_grants", [grant])
+            train, audit = training_views.training_rows([t], grants_from_rows([grant]), {t["record_id"]: {"split": "train"}},
+                                                        now, tenants=["acme"])
+            python = audit[0]["reason"] if audit else None
+            store.replace(con, "training_set", [{"tenant_id": "acme", "record_id": t["record_id"], "split": "train",
+                                                 "evaluated_at": now}])
+            sql = [v["violation"] for v in store.fetch(con, training_views.TRAINING_VIOLATIONS_SQL)]
+            return python, (sql[0] if sql else None)
+
+        limit = end + timedelta(days=90)
+        assert both(limit) == (None, None)
+        assert both(limit + us) == ("expired", "expired")
+        assert both(limit - us, revoked_at=limit - us) == ("revoked", "revoked")
+        assert both(limit - us, revoked_at=limit) == (None, None)
+
+
 def test_checkpoint_flags_follow_revocation_and_stay_sticky(wh, tmp_path):
     trajs = _ingest_some(wh, tmp_path)
     acme = [t["record_id"] for t in trajs if t["tenant_id"] == "acme"]
