@@ -100,8 +100,9 @@ def test_tampered_or_missing_manifest_fails(tmp_path):
 
 def test_unlock_is_explicit_and_audited():
     m = create_manifest(["a", "b"], locked_by="lead", now=NOW)
-    with pytest.raises(ManifestError):
-        unlock(m, reason="", actor="lead")
+    for reason, actor in (("", "lead"), ("  ", "lead"), (None, "lead"), ("leaked", ""), ("leaked", " \t"), ("leaked", None)):
+        with pytest.raises(ManifestError):   # a blank reason or actor is no reason or actor
+            unlock(m, reason=reason, actor=actor)
     u, row = unlock(m, reason="holdout leaked into a public benchmark", actor="alice", now=NOW)
     assert not u.locked and row["action"] == "unlock" and row["actor"] == "alice" and u.audit == (row,)
     assert verify_manifest(u).sha256 == m.sha256
