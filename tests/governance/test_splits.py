@@ -98,6 +98,20 @@ def test_tampered_or_missing_manifest_fails(tmp_path):
         assign_splits(items, manifest=bad)
 
 
+def test_a_manifest_saves_into_a_new_folder_over_an_old_file_and_reads_locked_by_default(tmp_path):
+    """`save_manifest` creates the folder and replaces an existing file; a manifest written
+    without a `locked` field (as before unlocking existed) reads as locked."""
+    m = create_manifest(["a", "b"], locked_by="lead", now=NOW)
+    path = tmp_path / "deep" / "er" / "holdout.json"
+    save_manifest(m, path)
+    save_manifest(m, path)
+    assert load_manifest(path).task_ids == ("a", "b") and not list(path.parent.glob("*.tmp"))
+    d = json.loads(path.read_text())
+    del d["locked"]
+    path.write_text(json.dumps(d))
+    assert load_manifest(path).locked
+
+
 def test_unlock_is_explicit_and_audited():
     m = create_manifest(["a", "b"], locked_by="lead", now=NOW)
     for reason, actor in (("", "lead"), ("  ", "lead"), (None, "lead"), ("leaked", ""), ("leaked", " \t"), ("leaked", None)):
