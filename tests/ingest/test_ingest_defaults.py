@@ -1,0 +1,26 @@
+"""Ingest's defaults are set in one place and every surface a user reads says the same: the
+CLI flag, the Dagster launchpad's config and the docs (a default that drifts between them means
+a record accepted by one way in is quarantined by another)."""
+import re
+from pathlib import Path
+
+from ratchet.ingest import DEFAULT_MAX_RECORD_MB, IngestOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_record_size_limit_is_the_same_everywhere_a_user_sets_or_reads_it():
+    from assets.ingest import IngestConfig
+    from pipelines.cli import build_parser
+
+    assert IngestOptions().max_record_mb == DEFAULT_MAX_RECORD_MB
+    assert build_parser().parse_args(["ingest", "x"]).max_record_mb == DEFAULT_MAX_RECORD_MB
+    assert IngestConfig().max_record_mb == DEFAULT_MAX_RECORD_MB
+    documented = {
+        "docs/ingest.md": r"default limit (\d+) MiB, `--max-record-mb`",
+        "docs/guides/own-agent-logs.md": r"`--max-record-mb N` \| largest record accepted \(default (\d+)\)",
+    }
+    for doc, pattern in documented.items():
+        said = re.search(pattern, " ".join((ROOT / doc).read_text().split()))
+        assert said, f"{doc} no longer states the default record limit"
+        assert float(said.group(1)) == DEFAULT_MAX_RECORD_MB, doc
