@@ -46,16 +46,18 @@ from ratchet.readers import (
 from ratchet.warehouse import STORED_SCHEMA, Warehouse, write_part
 
 DEFAULT_MAX_RECORD_MB = 32.0
-CHUNK_ROWS = 4096
-CHUNK_BYTES = 64 << 20
-PARALLEL_MIN_BYTES = 64 << 20   # below this a spawned pool costs more than it saves
-COMPACT_SMALL_PARTS = 64        # after a commit, merge tiny parts once there are this many
+CHUNK_ROWS = 4096  # pragma: no mutate (a batch size: any value stores the same rows)
+CHUNK_BYTES = 64 << 20  # pragma: no mutate (a batch size: any value stores the same rows)
+# below this a spawned pool costs more than it saves
+PARALLEL_MIN_BYTES = 64 << 20  # pragma: no mutate (a speed threshold: both paths store the same rows)
+# after a commit, merge tiny parts once there are this many
+COMPACT_SMALL_PARTS = 64  # pragma: no mutate (a file layout threshold: the rows read back are the same)
 # "Tiny" for the automatic compaction: parts of a few small files (~86 KB per 100 one-record
 # files). A large file's range parts (~1.1 MB each from 8 MiB of JSON) are never rewritten on
 # the ingest's critical path: merging them re-read and re-wrote a 100k-record ingest's whole
 # output in the parent and cost ~45% of its throughput (27.8k -> 15.1k/s, measured).
 # `ratchet compact` merges everything below the warehouse's 32 MiB on request.
-AUTO_COMPACT_BYTES = 256 << 10
+AUTO_COMPACT_BYTES = 256 << 10  # pragma: no mutate (a file layout threshold: the rows read back are the same)
 SKIPPED_LISTED = 100            # skipped entries named in the summary (all are in ingest_files)
 
 

@@ -61,6 +61,27 @@ def read_cache(path: Path) -> dict:
             "baseline": "every mutant killed", "ratio": round(total["killed"] / tested, 4) if tested else None}
 
 
+
+PRAGMA = "# pragma:"
+
+
+def exempt_lines(files, root: Path) -> list[dict]:
+    """The lines of the mutated files that mutmut leaves alone (`# pragma: no mutate`), each with
+    the reason written after the pragma, so that a record lists every exemption: a line is exempt
+    only where no value of it can change what the code returns (a batch size, a buffer)."""
+    out = []
+    for f in sorted(files):
+        p = root / f
+        if not p.is_file():
+            continue
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            code, sep, rest = line.partition(PRAGMA)
+            if sep and "no mutate" in rest:
+                why = rest.split("no mutate", 1)[1].strip(" :-()")
+                out.append({"file": f, "line": n, "code": code.strip()[:160], "why": why or "(no reason given)"})
+    return out
+
+
 # --- test selection: each mutant runs only the tests that run the statement it sits in -----------
 #
 # `map` runs the target's tests once under a tracer (every process: spawn pool workers and threads
@@ -552,12 +573,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tests", default="", help="the test runner each target used (recorded)")
     ap.add_argument("--wall-s", type=float, default=0.0, help="how long the mutmut run took (recorded)")
     ap.add_argument("--results-dir", help="default docs/results")
+    ap.add_argument("--root", default=".", help="the tree the mutated files are read from, for their exempt lines "
+                                                "(default: here)")
     a = ap.parse_args(argv)
     try:
         res = merge_caches([Path(c) for c in a.cache])
     except (FileNotFoundError, sqlite3.Error) as e:
         print(f"ratchet.mutation: {e}", file=sys.stderr)
         return 2
+    res["exempt"] = exempt_lines(res["files"], Path(a.root))
     now = datetime.now(timezone.utc)
     load = os.getloadavg()
     rec = results.make_record("mutation", [a.label] + ([a.tests] if a.tests else []), res, now, a.wall_s, load, load)

@@ -309,6 +309,12 @@ def _mutation_detail(res: dict) -> list[str]:
         for m in surv[:MAX_SURVIVORS]:
             code = m["code"].replace("`", "'")
             out.append(f"- {m['id']}: `{m['file']}:{m['line']}` `{code}`")
+    exempt = res.get("exempt") or []
+    if exempt:
+        out += ["", f"Lines not mutated (`# pragma: no mutate`, each with its reason): {len(exempt)}", ""]
+        for m in exempt:
+            code = m["code"].replace("`", "'")
+            out.append(f"- `{m['file']}:{m['line']}` `{code}`: {m['why']}")
     return out
 
 

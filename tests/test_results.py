@@ -11,6 +11,8 @@ from datetime import datetime, timezone
 from pipelines.cli import _bench_recorded, main
 from ratchet import results
 
+ROOT = Path(__file__).resolve().parent.parent
+
 FAKE_BENCH = """
 import json, sys
 print("a table a reader looks at")
@@ -125,6 +127,51 @@ def test_mutation_results_come_from_mutmuts_cache(tmp_path):
     assert "- 2: `ratchet/governance/holdout.py:10` `if left or entered:`" in page
     assert "mutmut over governance" in page
     assert mutation.main(["--cache", str(tmp_path / "none"), "--label", "x", "--results-dir", str(tmp_path)]) == 2
+
+
+def test_a_mutation_record_lists_every_line_mutmut_was_told_to_skip(tmp_path):
+    """`# pragma: no mutate` hides a line from mutmut; the record and the page name each such line
+    with the reason written after the pragma, so no exemption is silent. And every exemption in
+    the modules `make mutation` covers says why."""
+    import re
+    import sqlite3
+
+    from ratchet import mutation
+
+    src = tmp_path / "tree" / "pkg" / "m.py"
+    src.parent.mkdir(parents=True)
+    src.write_text("ROWS = 4096  # pragma: no mutate (a batch size: any value gives the same rows)\n"
+                   "LIMIT = 3  # pragma: no mutate\n"
+                   "x = '# pragma: not this one'\n")
+    cache = tmp_path / ".mutmut-cache"
+    con = sqlite3.connect(cache)
+    con.executescript("""
+        CREATE TABLE SourceFile (id INTEGER PRIMARY KEY, filename TEXT, hash TEXT);
+        CREATE TABLE Line (id INTEGER PRIMARY KEY, sourcefile INTEGER, line TEXT, line_number INTEGER);
+        CREATE TABLE Mutant (id INTEGER PRIMARY KEY, line INTEGER, "index" INTEGER, tested_against_hash TEXT,
+                             status TEXT);
+        INSERT INTO SourceFile VALUES (1, 'pkg/m.py', 'h');
+        INSERT INTO Line VALUES (1, 1, "x = '# pragma: not this one'", 2);
+        INSERT INTO Mutant VALUES (1, 1, 0, 'h', 'ok_killed');
+    """)
+    con.commit()
+    con.close()
+    assert mutation.main(["--cache", str(cache), "--label", "pkg", "--root", str(tmp_path / "tree"),
+                          "--results-dir", str(tmp_path / "r")]) == 0
+    rec = json.loads((tmp_path / "r" / "mutation.jsonl").read_text().splitlines()[-1])
+    assert rec["result"]["exempt"] == [
+        {"file": "pkg/m.py", "line": 1, "code": "ROWS = 4096", "why": "a batch size: any value gives the same rows"},
+        {"file": "pkg/m.py", "line": 2, "code": "LIMIT = 3", "why": "(no reason given)"}]
+    page = (tmp_path / "r" / "README.md").read_text()
+    assert "Lines not mutated (`# pragma: no mutate`, each with its reason): 2" in page
+    assert "- `pkg/m.py:1` `ROWS = 4096`: a batch size: any value gives the same rows" in page
+
+    targets = re.findall(r"^mut_paths_\w+ *[:?]?= *(.+)$", (ROOT / "Makefile").read_text(), re.M)
+    files = sorted({str(f.relative_to(ROOT)) for t in targets for p in t.split(",")
+                    for f in ([ROOT / p.strip()] if p.strip().endswith(".py") else (ROOT / p.strip()).rglob("*.py"))})
+    assert any(f.endswith("ratchet/ingest.py") for f in files), targets
+    unexplained = [e for e in mutation.exempt_lines(files, ROOT) if e["why"] == "(no reason given)"]
+    assert not unexplained, unexplained
 
 
 def test_a_seeded_mutation_run_does_not_rerun_killed_mutants(tmp_path):

@@ -218,9 +218,9 @@ def _star(group: np.ndarray, item: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return root[~head], it[~head]
 
 
-_BATCH_ROWS = 1 << 14
+_BATCH_ROWS = 1 << 14  # pragma: no mutate (a batch size: any value gives the same clusters)
 # signatures at least this large are memory-mapped from their temp file, not read into memory
-_SIG_MMAP_BYTES = 1 << 30
+_SIG_MMAP_BYTES = 1 << 30  # pragma: no mutate (memory or a mapped file: the same signatures)
 
 
 def _batches(data: Any, columns: Sequence[str]):

@@ -25,9 +25,10 @@ from typing import Sequence
 
 import numpy as np
 
-_ROWS_PER_FILE = 1 << 16
-_PAIR_BATCH = 1 << 16
-_WINDOW_BYTES = 128 << 20  # mapped signature pages held at once by _gather
+_ROWS_PER_FILE = 1 << 16  # pragma: no mutate (a file size: any value gives the same pairs)
+_PAIR_BATCH = 1 << 16  # pragma: no mutate (a batch size: any value gives the same pairs)
+# mapped signature pages held at once by _gather
+_WINDOW_BYTES = 128 << 20  # pragma: no mutate (a memory bound: any value gives the same pairs)
 
 
 def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:

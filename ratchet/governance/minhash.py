@@ -60,7 +60,8 @@ DEFAULT_SCHEME = "affine32"  # datasketch 2.x default
 
 _MERSENNE = np.uint64((1 << 61) - 1)
 _MAX32 = np.uint64((1 << 32) - 1)
-_BLOCK_SHINGLES = 6144  # 128 perms x 6144 x 4 B = 3 MB per permutation block
+# 128 perms x 6144 x 4 B = 3 MB per permutation block
+_BLOCK_SHINGLES = 6144  # pragma: no mutate (a block size: any value gives the same signatures)
 _INLINE = 12  # Arrow string_view keeps values of <= 12 bytes inline
 
 
