@@ -104,3 +104,19 @@ def test_reports_joined_sums_over_the_prediction_files_of_a_batch(tmp_path, wh):
         (d / "report.json").write_text(json.dumps(rep))
     s = ingest([tmp_path / f"preds{i}.jsonl" for i in range(len(preds))], wh)
     assert s.accepted == len(preds) and s.reports_joined == 2
+
+
+def test_a_plain_batch_reports_every_count_exactly(tmp_path, wh):
+    """Every field of the summary for a batch whose answer is known: three records, one bad line,
+    one repeat. A counter that starts anywhere but zero, or a count the batch never touched
+    (id clashes, superseded rows, debris, compaction), shows here."""
+    d = _inbox(tmp_path)
+    (d / "a.jsonl").write_text(_good("a") + _good("b") + "{not json\n" + _good("a"))
+    (d / "c.jsonl").write_text(_good("c"))
+    s = ingest([d], wh).as_dict()
+    assert s.pop("batch_id") and s.pop("seconds") >= 0
+    assert s == {"read": 5, "accepted": 3, "quarantined": 1, "duplicates": 1, "id_clashes": 0, "files": 2,
+                 "reports_joined": 0, "fast_path": 4, "by_format": {"openai_chat": 4},
+                 "quarantine_reasons": {"invalid_json": 1}, "skipped": 0, "skip_reasons": {},
+                 "skipped_files": [], "superseded": 0, "attribution_conflicts": 0, "debris_removed": 0,
+                 "compacted_parts": 0}
