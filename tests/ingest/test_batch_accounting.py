@@ -114,6 +114,10 @@ def test_a_plain_batch_reports_every_count_exactly(tmp_path, wh):
     (d / "a.jsonl").write_text(_good("a") + _good("b") + "{not json\n" + _good("a"))
     (d / "c.jsonl").write_text(_good("c"))
     s = ingest([d], wh).as_dict()
+    with wh.connect() as con:
+        row = con.execute('SELECT origin, dagster_run_id, tenant_id, consent_id, "read", accepted, quarantined, '
+                          'duplicates, id_clashes FROM ingest_batches WHERE batch_id = ?', [s["batch_id"]]).fetchone()
+    assert row == ("cli", None, None, None, 5, 3, 1, 1, 0)   # unset options are NULL, not empty strings
     assert s.pop("batch_id") and s.pop("seconds") >= 0
     assert s == {"read": 5, "accepted": 3, "quarantined": 1, "duplicates": 1, "id_clashes": 0, "files": 2,
                  "reports_joined": 0, "fast_path": 4, "by_format": {"openai_chat": 4},
