@@ -192,8 +192,9 @@ def ast_pairs(
             x, y = sorted((int(low[entries[ea]]), int(low[entries[eb]])))
             if x != y and (x, y) not in seen:
                 seen[(x, y)] = v
-        if not spanning and labels is None:
-            gc.collect()  # datasketch's index is a reference cycle: ~0.2 GB per 60k shapes until collected
+        # datasketch's index is a reference cycle: ~0.2 GB per 60k shapes until collected
+        if not spanning and labels is None:  # pragma: no mutate (memory only: the pairs are already found)
+            gc.collect()
         if seen:
             ab = np.array(list(seen), dtype=np.int64)
             pieces.append((ab[:, 0].copy(), ab[:, 1].copy(), "ast_subtree", np.fromiter(seen.values(), np.float64, len(seen))))

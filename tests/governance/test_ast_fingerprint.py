@@ -100,3 +100,31 @@ def test_two_items_sharing_most_subtrees_are_an_edge():
     assert collide(fingerprint_code(a)[0], fingerprint_code(b)[0])[0] == "subtree"
     assert ast_edges(["x", "y"], fingerprints([a, b])) == [("x", "y", "ast_subtree", 0.894737)]
     assert ast_edges(["x", "y", "z"], fingerprints([a, b, "def h(q):\n    return q\n"])) == [("x", "y", "ast_subtree", 0.894737)]
+
+
+def test_a_star_joins_each_groups_smallest_item_to_its_other_items_once():
+    """`_star`, the skeleton and identical-subtree edges: per group, the smallest item to every other
+    distinct item. An item may sit in several groups (one per function of its code), and may be
+    listed twice in one (two copies of a function): it still belongs to each group, and once."""
+    import numpy as np
+
+    from ratchet.governance.clusters import _star
+
+    group = np.array([0, 0, 0, 1, 1, 1, 1, -1, 2])
+    item = np.array([1, 2, 2, 2, 5, 5, 7, 9, 4])   # 2 closes group 0 and opens group 1; 9 is in none
+    a, b = _star(group, item)
+    assert sorted(zip(a.tolist(), b.tolist())) == [(1, 2), (2, 5), (2, 7)]
+    shuffled = np.random.default_rng(0).permutation(len(group))
+    a2, b2 = _star(group[shuffled], item[shuffled])
+    assert sorted(zip(a2.tolist(), b2.tolist())) == [(1, 2), (2, 5), (2, 7)]
+
+
+def test_an_item_holding_two_problems_joins_both_into_one_cluster():
+    p, q = PROBLEMS["has_close_elements"], PROBLEMS["separate_paren_groups"]
+    for first, second in ((p, q), (q, p)):
+        items = [{"task_id": "a", "solution": first}, {"task_id": "b", "solution": first + "\n" + second},
+                 {"task_id": "c", "solution": second}]
+        clusters, edges = build_clusters(items, id_col="task_id", text_col=None, code_cols=("solution",), key_cols={})
+        assert len(set(clusters.column("cluster_id").to_pylist())) == 1
+        pairs = list(zip(edges.column("a").to_pylist(), edges.column("b").to_pylist()))
+        assert len(pairs) == len(set(pairs)) and all(x != y for x, y in pairs)

@@ -57,7 +57,7 @@ def test_a_moved_holdout_is_refused_and_never_relocked(locked, held, named):
     before_log, before_file = _log(con), path.read_text()
     with pytest.raises(ManifestError, match="would move the locked holdout") as e:
         holdout.lock_or_verify(con, path, held, SUITE, actor="mallory")
-    assert named in str(e.value)
+    assert named in str(e.value) and f"the locked holdout {m.sha256[:12]}...:" in str(e.value)
     # no lock (or verify) row, no new version in the table, the file untouched
     assert _log(con) == before_log == [{"event": "lock", "version": 1, "manifest_sha256": m.sha256}]
     assert _versions(con) == [1]
