@@ -27,7 +27,7 @@ from pathlib import Path
 KILLED = {"ok_killed"}
 SURVIVED = {"bad_survived"}
 # mutmut's other statuses: bad_timeout (the tests hung: counted apart), ok_suspicious (slow but
-# killed), skipped, untested (the run stopped before them).
+# killed), skipped (annotation-only: `pre_mutation`), untested (the run stopped before them).
 
 
 def read_cache(path: Path) -> dict:
@@ -44,7 +44,8 @@ def read_cache(path: Path) -> dict:
     files: dict[str, dict] = {}
     survivors = []
     for mid, status, line_no, line, filename in rows:
-        f = files.setdefault(filename, {"mutants": 0, "killed": 0, "survived": 0, "timeout": 0, "untested": 0})
+        f = files.setdefault(filename, {"mutants": 0, "killed": 0, "survived": 0, "timeout": 0, "skipped": 0,
+                                        "untested": 0})
         f["mutants"] += 1
         if status in KILLED or status == "ok_suspicious":
             f["killed"] += 1
@@ -53,10 +54,19 @@ def read_cache(path: Path) -> dict:
             survivors.append({"id": mid, "file": filename, "line": line_no + 1, "code": line.strip()[:160]})
         elif status == "bad_timeout":
             f["timeout"] += 1
+        elif status == "skipped":
+            f["skipped"] += 1
         else:
             f["untested"] += 1
-    total = {k: sum(f[k] for f in files.values()) for k in ("mutants", "killed", "survived", "timeout", "untested")}
-    tested = total["mutants"] - total["untested"]
+    return _result(files, survivors)
+
+
+def _result(files: dict, survivors: list) -> dict:
+    """The record: totals over the files; the ratio is killed over the mutants a test could judge
+    (not the skipped, annotation-only ones, nor those the run did not reach)."""
+    total = {k: sum(f.get(k, 0) for f in files.values())
+             for k in ("mutants", "killed", "survived", "timeout", "skipped", "untested")}
+    tested = total["mutants"] - total["untested"] - total["skipped"]
     return {"bench": "mutation", **total, "files": files, "survivors": survivors,
             "baseline": "every mutant killed", "ratio": round(total["killed"] / tested, 4) if tested else None}
 
@@ -320,19 +330,60 @@ def select_tests(mapping: dict, filename: str, line: int, source: str) -> list[s
     return sorted(tests, key=lambda t: (mapping["tests"].get(t, 0.0), t))
 
 
+def _without_annotations(tree) -> str | None:
+    """The module's AST with every annotation blanked, or None when its annotations are evaluated
+    (no `from __future__ import annotations`: `str & None` would then fail at import)."""
+    import ast
+
+    if not any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names)
+               for n in tree.body):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.returns = None
+        elif isinstance(node, ast.arg):
+            node.annotation = None
+        elif isinstance(node, ast.AnnAssign):
+            node.annotation = ast.Constant(None)
+    return ast.dump(tree)
+
+
+def annotation_only(original: str, mutated: str) -> bool:
+    """True when a mutant changes only type annotations of a module whose annotations are never
+    evaluated: `str | None` -> `str & None` there changes nothing at run time, so no test can kill it."""
+    import ast
+
+    try:
+        a, b = ast.parse(original), ast.parse(mutated)
+    except SyntaxError:
+        return False
+    if ast.dump(a) == ast.dump(b):
+        return False
+    plain = _without_annotations(a)
+    return plain is not None and plain == _without_annotations(b)
+
+
 def pre_mutation(context) -> None:
-    """mutmut's hook (mutmut_config.py): narrow the mutant's test command to the tests that call its
-    code; with no RATCHET_MUTMAP set the target's whole runner runs, as before."""
+    """mutmut's hook (mutmut_config.py): skip a mutant that changes only an unevaluated annotation
+    (mutmut records it `skipped`), and narrow the mutant's test command to the tests that run its
+    statement; with no RATCHET_MUTMAP set the target's whole runner runs, as before."""
     import json
     import shlex
 
+    from mutmut import Context, mutate
+
+    source = Path(context.filename).read_text()
+    mutated, _ = mutate(Context(source=source, mutation_id=context.mutation_id, filename=context.filename,
+                                dict_synonyms=context.dict_synonyms))
+    if annotation_only(source, mutated):
+        context.skip = True
+        return
     path = os.environ.get("RATCHET_MUTMAP")
     if not path:
         return
     if path not in _MAP_CACHE:
         _MAP_CACHE[path] = json.loads(Path(path).read_text())
     mapping = _MAP_CACHE[path]
-    source = Path(context.filename).read_text()
     tests = select_tests(mapping, context.filename, context.current_line_index + 1, source)
     if tests is None:
         return                                 # the target's whole runner
@@ -382,10 +433,7 @@ def merge_caches(paths: list[Path]) -> dict:
                    key=lambda pr: pr[1]["files"][f]["mutants"] - pr[1]["files"][f]["untested"])
         files[f] = r["files"][f]
         survivors += [{**m, "dir": str(p.parent)} for m in r["survivors"] if m["file"] == f]
-    total = {k: sum(c[k] for c in files.values()) for k in ("mutants", "killed", "survived", "timeout", "untested")}
-    tested = total["mutants"] - total["untested"]
-    return {"bench": "mutation", **total, "files": files, "survivors": survivors,
-            "baseline": "every mutant killed", "ratio": round(total["killed"] / tested, 4) if tested else None}
+    return _result(files, survivors)
 
 
 def _best_caches(paths: list[Path]) -> dict[str, tuple[int, Path]]:

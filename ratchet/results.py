@@ -299,9 +299,10 @@ def _order(records: dict) -> list[str]:
 
 
 def _mutation_detail(res: dict) -> list[str]:
-    out = ["", "| file | mutants | killed | survived | timeout | untested |", "|---|---|---|---|---|---|"]
+    out = ["", "| file | mutants | killed | survived | timeout | skipped | untested |", "|---|---|---|---|---|---|---|"]
     for f, c in sorted((res.get("files") or {}).items()):
-        out.append(f"| `{f}` | {c['mutants']} | {c['killed']} | {c['survived']} | {c['timeout']} | {c['untested']} |")
+        out.append(f"| `{f}` | {c['mutants']} | {c['killed']} | {c['survived']} | {c['timeout']} | {c.get('skipped', 0)} "
+                   f"| {c['untested']} |")
     surv = res.get("survivors") or []
     if surv:
         out += ["", f"Surviving mutants (`mutmut show ID` in the run's folder prints each diff)"

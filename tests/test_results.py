@@ -3,6 +3,7 @@ results page is a pure function of the recorded lines."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -172,6 +173,42 @@ def test_a_mutation_record_lists_every_line_mutmut_was_told_to_skip(tmp_path):
     assert any(f.endswith("ratchet/ingest.py") for f in files), targets
     unexplained = [e for e in mutation.exempt_lines(files, ROOT) if e["why"] == "(no reason given)"]
     assert not unexplained, unexplained
+
+
+def test_a_mutant_of_an_unevaluated_annotation_is_skipped_not_run(tmp_path):
+    """mutmut mutates `str | None` in an annotation to `str & None`; where annotations are never
+    evaluated (`from __future__ import annotations`) no test can kill it, so `pre_mutation` skips it
+    (recorded `skipped`, outside the ratio) instead of running the tests for a false survivor. A run of
+    mutmut for real: the annotation mutants are skipped, the code's own are killed; without the future
+    import an annotation is evaluated, and its mutants run."""
+    import subprocess
+    import sys
+
+    from ratchet import mutation
+
+    lazy = "from __future__ import annotations\n\n\ndef f(x: int | None = None) -> int | None:\n    y: int | None = x\n    return y + 1\n"
+    assert mutation.annotation_only(lazy, lazy.replace("x: int | None", "x: int & None"))
+    assert mutation.annotation_only(lazy, lazy.replace("-> int | None", "-> int & None"))
+    assert mutation.annotation_only(lazy, lazy.replace("y: int | None", "y: int & None"))
+    assert not mutation.annotation_only(lazy, lazy.replace("y + 1", "y + 2"))
+    assert not mutation.annotation_only(lazy, lazy.replace("= None)", "= 0)"))
+    assert not mutation.annotation_only(lazy, lazy)
+    eager = lazy.split("\n", 3)[3]
+    assert not mutation.annotation_only(eager, eager.replace("x: int | None", "x: int & None"))
+
+    mutmut = Path(sys.executable).parent / "mutmut"
+    if not mutmut.exists():
+        pytest.skip("mutmut is in the dev extra: pip install -e '.[dev]'")
+    (tmp_path / "m.py").write_text(lazy)
+    (tmp_path / "mutmut_config.py").write_text("from ratchet.mutation import pre_mutation  # noqa: F401\n")
+    runner = f"{sys.executable} -c \"import m;assert m.f(1)==2 and m.f(5)==6\""
+    subprocess.run([str(mutmut), "run", "--paths-to-mutate", "m.py", "--runner", runner, "--tests-dir", ".",
+                    "--simple-output", "--no-progress", "--CI"], cwd=tmp_path, capture_output=True, check=False,
+                   env={k: v for k, v in os.environ.items() if k != "RATCHET_MUTMAP"})
+    res = mutation.read_cache(tmp_path / ".mutmut-cache")
+    # mutmut mutates `y: int | None` (and `= x`, and the `+ 1` twice), not the signature's annotations
+    assert (res["mutants"], res["skipped"], res["killed"], res["untested"]) == (4, 1, 3, 0), res
+    assert res["ratio"] == 1.0
 
 
 def test_a_seeded_mutation_run_does_not_rerun_killed_mutants(tmp_path):
