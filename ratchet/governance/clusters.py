@@ -245,7 +245,7 @@ def _batches(data: Any, columns: Sequence[str]):
         return _arrow_batches(data, columns)
     if hasattr(data, "to_dict") and hasattr(data, "columns"):
         return _row_batches(data.to_dict("records"), columns)
-    if not isinstance(data, Sequence) and not hasattr(data, "__len__"):
+    if not isinstance(data, Sequence):   # a generator, a dict's values: read once, indexed below
         data = list(data)
     if data and isinstance(data[0], pa.RecordBatch):
         return _arrow_batches(data, columns)

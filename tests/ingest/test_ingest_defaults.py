@@ -24,3 +24,10 @@ def test_the_record_size_limit_is_the_same_everywhere_a_user_sets_or_reads_it():
         said = re.search(pattern, " ".join((ROOT / doc).read_text().split()))
         assert said, f"{doc} no longer states the default record limit"
         assert float(said.group(1)) == DEFAULT_MAX_RECORD_MB, doc
+
+
+def test_the_number_of_skipped_files_named_in_a_summary_is_the_documented_one():
+    from ratchet.ingest import SKIPPED_LISTED
+
+    said = re.search(r"the first (\d+) in `skipped_files`", " ".join((ROOT / "docs/ingest.md").read_text().split()))
+    assert said and int(said.group(1)) == SKIPPED_LISTED

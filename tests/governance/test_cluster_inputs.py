@@ -1,0 +1,60 @@
+"""`build_clusters` reads every input shape it documents the same way, and key groups (same repo,
+same issue) join their members whatever their order."""
+import random
+import string
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ratchet.governance.clusters import build_clusters
+
+pytestmark = pytest.mark.governance
+
+
+def _items(n_repos=(2, 3, 1, 2)):
+    rng = random.Random(7)
+    rows = []
+    for r, n in enumerate(n_repos):
+        for _ in range(n):
+            text = " ".join("".join(rng.choices(string.ascii_lowercase, k=8)) for _ in range(40))  # unrelated texts
+            rows.append({"id": f"i{len(rows):02d}", "text": text, "repo": f"repo-{r}"})
+    rng.shuffle(rows)
+    return rows
+
+
+def _groups(items):
+    clusters, _ = build_clusters(items, id_col="id", text_col="text", code_cols=(), key_cols={"repo": "same_repo"})
+    by = {}
+    for r in clusters.to_pylist():
+        by.setdefault(r["cluster_id"], set()).add(r["id"])
+    return sorted(sorted(g) for g in by.values())
+
+
+def test_each_repo_is_one_cluster_whatever_the_order_of_its_groups():
+    rows = _items()
+    want = sorted(sorted(r["id"] for r in rows if r["repo"] == repo) for repo in {r["repo"] for r in rows})
+    assert _groups(rows) == want and len(want) == 4
+    assert _groups(list(reversed(rows))) == want
+
+
+def test_every_documented_input_shape_gives_the_same_clusters(tmp_path):
+    rows = _items()
+    want = _groups(rows)
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table, tmp_path / "items.parquet", row_group_size=3)
+    shapes = {
+        "generator of dicts": (r for r in rows),
+        "a dict's values": {r["id"]: r for r in rows}.values(),
+        "table": table,
+        "one record batch in a list": table.combine_chunks().to_batches(),
+        "record batches in a list": table.to_batches(max_chunksize=3),
+        "generator of record batches": (b for b in table.to_batches(max_chunksize=3)),
+        "record batch reader": pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=3)),
+        "parquet file": str(tmp_path / "items.parquet"),
+        "parquet folder": tmp_path,
+        "pandas": table.to_pandas(),
+    }
+    assert len(table.combine_chunks().to_batches()) == 1
+    for name, data in shapes.items():
+        assert _groups(data) == want, name
