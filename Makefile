@@ -81,14 +81,17 @@ validate: install
 # docs/results/mutation.jsonl and the results page (ratchet/mutation.py). Exit code 0 even with
 # survivors. String mutations are off: they change messages, not behaviour, and mutmut 2.5.1
 # crashes on a multi-line f-string ("Attribute Mutant.line is required") and then hangs.
-# The cache carries over between runs: a killed mutant whose line is unchanged is not run again,
+# Verdicts carry over between runs: a killed mutant whose line is unchanged is not run again,
 # survivors are run again when their target's test folder changed (--tests-dir is that folder,
 # not all of tests/: a survivor costs every test that calls its code, minutes each, and a test
 # added elsewhere cannot kill it), so a stopped run resumes.
-# A full run is hours on two cores, longer than a machine may live: the verdicts are also kept in
-# $(MUTATION_STATE), committed. A run with no cache of its own starts from that file
-# (`ratchet.mutation resume`), a finished run writes it back, and `make mutation-save` writes a
-# stopped or running run's verdicts so far (commit the file to keep them).
+# A full run is hours on two cores, longer than a machine may live: the verdicts are kept in
+# $(MUTATION_STATE), committed. A run first saves the last run's cache into that file, then starts
+# a fresh cache from it (`ratchet.mutation resume`, which places each verdict by its line's text):
+# mutmut's own re-alignment of a kept cache, after lines were added above a mutated line, left
+# line rows at stale numbers and the run stopped ("Attribute Mutant.line is required") and hung.
+# A finished run writes the file back, and `make mutation-save` writes a stopped or running run's
+# verdicts so far (commit the file to keep them).
 # MUTATION_FRESH=1 starts from nothing.
 MUT_DIR ?= $(RATCHET_HOME)/mutation
 MUTATION_TARGETS ?= verifiers governance ingest
@@ -109,12 +112,11 @@ mut_tdir_ingest := tests/ingest
 MUT_START := $(shell date +%s)
 mutation: $(VENV)/.installed
 	$(PIP) install -q -e '.[dev]'
-	rm -f $(MUT_DIR).prev-cache
-	if [ "$(MUTATION_FRESH)" != 1 ] && [ -f $(MUT_DIR)/.mutmut-cache ]; then cp $(MUT_DIR)/.mutmut-cache $(MUT_DIR).prev-cache; fi
+	if [ "$(MUTATION_FRESH)" != 1 ] && [ -f $(MUT_DIR)/.mutmut-cache ]; then \
+	  $(PY) -m ratchet.mutation save --cache $(MUT_DIR)/.mutmut-cache --state $(MUTATION_STATE) || exit 1; fi
 	rm -rf $(MUT_DIR) && mkdir -p $(MUT_DIR)
 	git ls-files -co --exclude-standard -z | xargs -0 tar -cf - | tar -xf - -C $(MUT_DIR)
-	if [ -f $(MUT_DIR).prev-cache ]; then mv $(MUT_DIR).prev-cache $(MUT_DIR)/.mutmut-cache; \
-	elif [ "$(MUTATION_FRESH)" != 1 ] && [ -f $(MUTATION_STATE) ]; then cd $(MUT_DIR) && $(abspath $(PY)) -m ratchet.mutation resume \
+	if [ "$(MUTATION_FRESH)" != 1 ] && [ -f $(MUTATION_STATE) ]; then cd $(MUT_DIR) && $(abspath $(PY)) -m ratchet.mutation resume \
 	  --state $(abspath $(MUTATION_STATE)) --out .mutmut-cache $(foreach t,$(MUTATION_TARGETS),--paths "$(mut_paths_$(t))") || exit 1; fi
 	cp ratchet/governance/*.so $(MUT_DIR)/ratchet/governance/ 2>/dev/null || true
 	printf 'from ratchet.mutation import pre_mutation  # noqa: F401\n' > $(MUT_DIR)/mutmut_config.py
