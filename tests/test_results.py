@@ -97,20 +97,29 @@ def test_bench_record_keeps_nothing_when_the_bench_fails(tmp_path):
     assert not (tmp_path / "r" / "sandbox.jsonl").exists()
 
 
-def test_mutation_results_come_from_mutmuts_cache(tmp_path):
-    """`make mutation` records what mutmut's cache says: counts per file and every survivor with
-    its source line (mutmut numbers lines from 0)."""
+def _mutmut_cache(path):
+    """An empty cache with mutmut 2's tables (SourceFile -> Line -> Mutant), open for inserts."""
     import sqlite3
 
-    from ratchet import mutation
-
-    cache = tmp_path / ".mutmut-cache"
-    con = sqlite3.connect(cache)
+    con = sqlite3.connect(path)
     con.executescript("""
         CREATE TABLE SourceFile (id INTEGER PRIMARY KEY, filename TEXT, hash TEXT);
         CREATE TABLE Line (id INTEGER PRIMARY KEY, sourcefile INTEGER, line TEXT, line_number INTEGER);
         CREATE TABLE Mutant (id INTEGER PRIMARY KEY, line INTEGER, "index" INTEGER, tested_against_hash TEXT,
                              status TEXT);
+    """)
+    return con
+
+
+def test_mutation_results_come_from_mutmuts_cache(tmp_path):
+    """`make mutation` records what mutmut's cache says: counts per file and every survivor with
+    its source line (mutmut numbers lines from 0)."""
+
+    from ratchet import mutation
+
+    cache = tmp_path / ".mutmut-cache"
+    con = _mutmut_cache(cache)
+    con.executescript("""
         INSERT INTO SourceFile VALUES (1, 'ratchet/governance/holdout.py', 'h');
         INSERT INTO Line VALUES (1, 1, '    if left or entered:', 9), (2, 1, 'x = 1', 20);
         INSERT INTO Mutant VALUES (1, 1, 0, 'h', 'ok_killed'), (2, 1, 1, 'h', 'bad_survived'),
@@ -135,7 +144,6 @@ def test_a_mutation_record_lists_every_line_mutmut_was_told_to_skip(tmp_path):
     with the reason written after the pragma, so no exemption is silent. And every exemption in
     the modules `make mutation` covers says why."""
     import re
-    import sqlite3
 
     from ratchet import mutation
 
@@ -145,12 +153,8 @@ def test_a_mutation_record_lists_every_line_mutmut_was_told_to_skip(tmp_path):
                    "LIMIT = 3  # pragma: no mutate\n"
                    "x = '# pragma: not this one'\n")
     cache = tmp_path / ".mutmut-cache"
-    con = sqlite3.connect(cache)
+    con = _mutmut_cache(cache)
     con.executescript("""
-        CREATE TABLE SourceFile (id INTEGER PRIMARY KEY, filename TEXT, hash TEXT);
-        CREATE TABLE Line (id INTEGER PRIMARY KEY, sourcefile INTEGER, line TEXT, line_number INTEGER);
-        CREATE TABLE Mutant (id INTEGER PRIMARY KEY, line INTEGER, "index" INTEGER, tested_against_hash TEXT,
-                             status TEXT);
         INSERT INTO SourceFile VALUES (1, 'pkg/m.py', 'h');
         INSERT INTO Line VALUES (1, 1, "x = '# pragma: not this one'", 2);
         INSERT INTO Mutant VALUES (1, 1, 0, 'h', 'ok_killed');
