@@ -3,7 +3,7 @@ suite sha256, compared here so that the promise cannot drift unnoticed.
 
 The fast test reads the disk cache that `build_suite(seed=0)` leaves under RATCHET_HOME when
 it exists (`make demo` / `make test` builds it), and otherwise builds a small subset twice; the
-other test rebuilds the whole suite without the cache (14-21 s; marked `slow` since the suite
+other test rebuilds the whole suite without the cache (about 90 s; marked `slow` since the suite
 passed 15 minutes: in `make test` the fast test reads the cache that
 tests/sandboxes/test_humaneval_suite.py::test_full_suite_from_disk_cache builds from scratch on a
 fresh machine, so the promise is still checked there; `make test-all` rebuilds it uncached). A

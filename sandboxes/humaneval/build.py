@@ -15,11 +15,19 @@ from sandboxes.humaneval.testgen import SOLUTION_FILE, TEST_FILE, generate_tests
 
 ENVIRONMENT_ID = "env://ratchet-humaneval-repair@v1"
 GENERATOR_VERSION = "humaneval-repair/9"    # 9: bash and str_replace_editor in the tool allowlist (new digests)
+# How mutants are verified; keys the disk cache but is not written into tasks: a rule that gives the
+# same suite on a quiet machine keeps every task digest, while a cache a busy machine built under an
+# older rule is rebuilt. 2: slow or timed-out mutants are decided by the line budget alone.
+VERIFY_RULES = 2
 # Deterministic work limit: line events in solution.py per program. Untraced Python runs at most
 # ~60M lines/s here, so a run finishing in FAST_S untraced is always within LINE_BUDGET.
 LINE_BUDGET = 4_000_000
 FAST_S = 0.05
-BACKSTOP_S = 3.0
+# CPU seconds for a traced run: a backstop for loops whose lines grow ever costlier (big ints),
+# which are timeouts whatever the limit. It must stay far above the slowest run that ends within
+# LINE_BUDGET (2.8 CPU s traced here, HumanEval/75): at 3 s it rejected such runs on a slower or
+# busier CPU (CI; two build workers on one core's threads) and gave another seed-0 suite.
+BACKSTOP_S = 10.0
 FORBIDDEN = tuple(dict.fromkeys((TEST_FILE, *DEFAULT_FORBIDDEN)))
 # CPU seconds per test in an episode (`Limits.test_cpu_s`). The slowest test of any canonical
 # solution or planted mutant of the seed-0 suite uses 0.43 CPU s under line tracing (localize's
@@ -87,10 +95,9 @@ def _verify_mutant(problem, canonical, tests, edit: Edit, per_test_s, n_lines, s
         return "fix_not_in_candidates", None
     run = run_program(mutated, tests.source, tests.names, examples=tests.examples,
                       per_test_s=per_test_s, total_s=5.0)
-    # An untraced timeout (0.5 CPU s per test) is >7x past the budget's wall equivalent: final.
-    if run["status"] == "ok" and run["seconds"] > FAST_S:
-        # Slow or looping: decide by the deterministic line budget. The wall-clock backstop only
-        # catches loops whose lines grow ever costlier (big ints, huge lists): always a timeout.
+    if run["status"] == "timeout" or (run["status"] == "ok" and run["seconds"] > FAST_S):
+        # Slow or looping: the deterministic line budget decides. An untraced timeout is not final:
+        # its CPU limit is time, and a mutant near it timed out on one machine and not another.
         run = run_program(mutated, tests.source, tests.names, examples=tests.examples,
                           per_test_s=BACKSTOP_S, total_s=BACKSTOP_S, line_budget=LINE_BUDGET)
     if run["status"] != "ok":

@@ -10,10 +10,12 @@ Wall-clock limits alone make the build nondeterministic (a slow mutant passes or
 depending on machine load), so `line_budget` gives a deterministic limit: it counts line events
 executed in `solution.py` frames (sys.settrace, ~7x slower) and stops past the budget. The
 builder uses the fast untraced run when it finishes well under the budget's wall-clock
-equivalent and decides everything else with the budget. Every time limit counts the child's
-CPU seconds, not wall-clock: with wall-clock ones a loaded machine timed out HumanEval/75's
-slower mutants (3 of them in 1 build of 3 beside a training run: another seed-0 suite, another
-sha). Only a wall-clock backstop of WALL_FACTOR x the CPU limit remains, for a child that waits.
+equivalent and decides everything else with the budget, a timed-out untraced run included. Every
+time limit counts the child's CPU seconds, not wall-clock: with wall-clock ones a loaded machine
+timed out HumanEval/75's slower mutants (3 of them in 1 build of 3 beside a training run: another
+seed-0 suite, another sha). CPU seconds still vary with the CPU, so a time limit is only a
+backstop set far past any run that ends within the budget. Only a wall-clock backstop of
+WALL_FACTOR x the CPU limit remains, for a child that waits.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandboxes.bundle import TaskBundle
-from sandboxes.humaneval.build import GENERATOR_VERSION, build_problem
+from sandboxes.humaneval.build import GENERATOR_VERSION, VERIFY_RULES, build_problem
 
 MANIFEST = "manifest.json"
 
@@ -45,7 +45,7 @@ def _problems(limit: int | None, problem_ids) -> list[dict]:
 
 
 def _params(seed, limit, per_problem, problem_ids) -> dict:
-    return {"generator_version": GENERATOR_VERSION, "seed": seed, "limit": limit,
+    return {"generator_version": GENERATOR_VERSION, "verify_rules": VERIFY_RULES, "seed": seed, "limit": limit,
             "per_problem": per_problem,
             "problem_ids": sorted(problem_ids) if problem_ids is not None else None}
 

@@ -85,6 +85,36 @@ def test_a_mutant_swallowing_the_cpu_alarm_is_killed_and_counted_as_a_timeout():
     assert run["status"] == "timeout" and time.monotonic() - t < 5  # RLIMIT_CPU's hard limit: 1 + 1 s
 
 
+def test_a_slow_mutant_is_decided_by_its_lines_not_by_the_cpu_it_took():
+    # An untraced run's CPU limit is time: a mutant near it timed out on one machine and not on
+    # another (HumanEval/75; another seed-0 suite in CI). So a time-out there is not a verdict; the
+    # line budget gives one. Here every untraced test runs out of its (tiny) CPU limit, as on a
+    # machine far slower than this one, and the task is still accepted, the same as with the limit.
+    from sandboxes.humaneval.build import _verify_mutant, code_lines, entry_function, mutants
+    import ast
+    p = {"task_id": "HumanEval/900", "entry_point": "total",
+         "prompt": 'def total(n):\n    """The sum of 0, 1, ..., n - 1."""\n',
+         "canonical_solution": "    acc = 0\n    for i in range(n):\n        acc = acc + i\n    return acc\n",
+         "test": "def check(candidate):\n    assert candidate(300000) == 44999850000\n"
+                 "    assert candidate(4) == 6\n"}  # 0.9M lines: ~20 ms untraced, within LINE_BUDGET
+    canonical, fn = p["prompt"] + p["canonical_solution"], p["entry_point"]
+    tests = generate_tests(p["test"], fn)
+    n_lines = code_lines(canonical, entry_function(ast.parse(canonical), fn))
+    verdicts = {}
+    for edit in mutants(canonical, fn, seed=0, key=p["task_id"]):
+        reason, task = _verify_mutant(p, canonical, tests, edit, 0.5, n_lines, 0)
+        if task is not None:
+            verdicts[edit] = task
+        if len(verdicts) == 2:
+            break
+    assert len(verdicts) == 2
+    for edit, task in verdicts.items():
+        assert run_program(task["files"]["solution.py"], tests.source, tests.names,
+                           per_test_s=1e-6, total_s=5.0)["status"] == "timeout"
+        reason, starved = _verify_mutant(p, canonical, tests, edit, 1e-6, n_lines, 0)
+        assert reason is None and starved == task
+
+
 def test_every_task_is_verified(small):
     assert small.tasks and small.stats["accepted"] == len(small.tasks)
     assert len({t.issue_id for t in small.tasks}) == len(small.tasks)
