@@ -58,3 +58,22 @@ def test_every_documented_input_shape_gives_the_same_clusters(tmp_path):
     assert len(table.combine_chunks().to_batches()) == 1
     for name, data in shapes.items():
         assert _groups(data) == want, name
+
+
+def test_signatures_spill_under_ratchet_dedup_tmp_which_is_made_when_missing(tmp_path, monkeypatch):
+    # docs/configuration.md: RATCHET_DEDUP_TMP is where dedup's temporary files go (a disk with room,
+    # not a small /tmp); the signature matrix is one of them
+    import tempfile
+    spill = tmp_path / "spill" / "deeper"
+    monkeypatch.setenv("RATCHET_DEDUP_TMP", str(spill))
+    seen, real = [], tempfile.TemporaryFile
+
+    def spy(*a, **k):
+        seen.append(k.get("dir"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", spy)
+    rows = _items()
+    want = _groups(rows)
+    assert spill.is_dir() and seen == [str(spill)]
+    assert _groups(rows) == want and seen == [str(spill)] * 2  # the folder exists now: reused

@@ -124,3 +124,10 @@ def test_a_plain_batch_reports_every_count_exactly(tmp_path, wh):
                  "quarantine_reasons": {"invalid_json": 1}, "skipped": 0, "skip_reasons": {},
                  "skipped_files": [], "superseded": 0, "attribution_conflicts": 0, "debris_removed": 0,
                  "compacted_parts": 0}
+
+
+def test_the_summary_invariant_is_a_truth_value_that_can_fail():
+    # ingest raises when read != accepted + quarantined + duplicates; the check reads `consistent`
+    from ratchet.ingest import IngestSummary
+    assert IngestSummary("b", read=4, accepted=1, quarantined=2, duplicates=1).consistent is True
+    assert IngestSummary("b", read=4, accepted=1, quarantined=2).consistent is False
