@@ -95,8 +95,8 @@ def test_a_slow_mutant_is_decided_by_its_lines_not_by_the_cpu_it_took():
     p = {"task_id": "HumanEval/900", "entry_point": "total",
          "prompt": 'def total(n):\n    """The sum of 0, 1, ..., n - 1."""\n',
          "canonical_solution": "    acc = 0\n    for i in range(n):\n        acc = acc + i\n    return acc\n",
-         "test": "def check(candidate):\n    assert candidate(300000) == 44999850000\n"
-                 "    assert candidate(4) == 6\n"}  # 0.9M lines: ~20 ms untraced, within LINE_BUDGET
+         "test": "def check(candidate):\n    assert candidate(600000) == 179999700000\n"
+                 "    assert candidate(4) == 6\n"}  # 1.8M lines: ~40 ms untraced (10 CPU-timer ticks), within LINE_BUDGET
     canonical, fn = p["prompt"] + p["canonical_solution"], p["entry_point"]
     tests = generate_tests(p["test"], fn)
     n_lines = code_lines(canonical, entry_function(ast.parse(canonical), fn))
