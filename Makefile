@@ -77,7 +77,9 @@ validate: install
 # call its file or name it, or the whole list where none do. MUTATION_SELECT=all runs the target's whole test list
 # for every mutant (as mutmut does alone). Run it under `nice -n 19` on a shared machine.
 # `make mutation MUTATION_TARGETS=verifiers` runs one; survivors are listed at the end
-# (`cd $(MUT_DIR) && mutmut show ID` prints a survivor's diff) and recorded, with the commit, in
+# (`python -m ratchet.mutation show --cache $(MUT_DIR)/.mutmut-cache ID` prints a survivor's diff;
+# never `mutmut show` in $(MUT_DIR) during a run: it re-aligns the cache with the file holding the
+# mutant under test, and the run stops) and recorded, with the commit, in
 # docs/results/mutation.jsonl and the results page (ratchet/mutation.py). Exit code 0 even with
 # survivors. String mutations are off: they change messages, not behaviour, and mutmut 2.5.1
 # crashes on a multi-line f-string ("Attribute Mutant.line is required") and then hangs.

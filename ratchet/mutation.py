@@ -423,7 +423,7 @@ def map_main(argv: list[str]) -> int:
 def merge_caches(paths: list[Path]) -> dict:
     """One result from several caches (copies that mutated different files at once). A file in
     more than one comes from the cache that tested most of its mutants; survivors then name their
-    cache's folder, where `mutmut show ID` prints them (ids repeat across caches)."""
+    cache's folder, where `ratchet.mutation show` prints them (ids repeat across caches)."""
     if len(paths) == 1:
         return read_cache(paths[0])
     parts = [(p, read_cache(p)) for p in paths]
@@ -568,6 +568,33 @@ def resume_cache(state: Path, out: Path, paths: list[str], root: Path) -> dict:
     return {"verdicts": kept, "dropped": dropped}
 
 
+def show_mutant(cache: Path, mutant_id: int, root: Path) -> str:
+    """The diff of one mutant, read from `cache` without writing to it and applied to the unmutated
+    file under `root`. `mutmut show` instead re-aligns the cache with the file it reads: during a
+    run that file holds the mutant being tested, so the cache kept the mutated line and the run
+    stopped ("Attribute Mutant.line is required")."""
+    from mutmut import RelativeMutationID
+    from mutmut.cache import _get_unified_diff
+
+    con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
+    try:
+        row = con.execute("select s.filename, l.line, l.line_number, m.\"index\", m.status from Mutant m "
+                          "join Line l on m.line = l.id join SourceFile s on l.sourcefile = s.id "
+                          "where m.id = ?", (mutant_id,)).fetchone()
+    finally:
+        con.close()
+    if row is None:
+        raise ValueError(f"no mutant {mutant_id} in {cache}")
+    filename, line, number, index, status = row
+    source = (root / filename).read_text()
+    lines = source.split("\n")
+    if not (0 <= number < len(lines) and lines[number] == line):
+        raise ValueError(f"{root / filename} has changed since the run: line {number + 1} is not {line.strip()!r} "
+                         f"(give --root the copy the run mutated)")
+    diff = _get_unified_diff(source, filename, RelativeMutationID(line, index, number), [], update_cache=False)
+    return f"# mutant {mutant_id}: {status}\n{diff}"
+
+
 def main(argv: list[str] | None = None) -> int:
     from ratchet import results
 
@@ -586,6 +613,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ratchet.mutation seed: {e}", file=sys.stderr)
             return 2
         print(f"mutation: {n['mutants']} earlier verdicts kept ({n['files']} files) -> {a.out}", file=sys.stderr)
+        return 0
+
+    if argv[:1] == ["show"]:
+        ap = argparse.ArgumentParser(prog="ratchet.mutation show",
+                                     description="print a mutant's diff; safe while a run uses the cache")
+        ap.add_argument("--cache", required=True, help="the run's .mutmut-cache")
+        ap.add_argument("--root", default=".", help="the unmutated copy the run's files come from (default: here)")
+        ap.add_argument("id", type=int, help="the mutant's id (as the run lists it)")
+        a = ap.parse_args(argv[1:])
+        try:
+            print(show_mutant(Path(a.cache), a.id, Path(a.root)))
+        except (FileNotFoundError, sqlite3.Error, ValueError) as e:
+            print(f"ratchet.mutation show: {e}", file=sys.stderr)
+            return 2
         return 0
 
     if argv[:1] in (["save"], ["resume"]):

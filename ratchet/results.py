@@ -305,7 +305,7 @@ def _mutation_detail(res: dict) -> list[str]:
                    f"| {c['untested']} |")
     surv = res.get("survivors") or []
     if surv:
-        out += ["", f"Surviving mutants (`mutmut show ID` in the run's folder prints each diff)"
+        out += ["", f"Surviving mutants (`python -m ratchet.mutation show --cache CACHE ID` prints each diff)"
                     f"{f'; the first {MAX_SURVIVORS} of {len(surv)}, every one is in mutation.jsonl' if len(surv) > MAX_SURVIVORS else ''}:", ""]
         for m in surv[:MAX_SURVIVORS]:
             code = m["code"].replace("`", "'")

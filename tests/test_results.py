@@ -378,3 +378,36 @@ def test_a_mutant_runs_only_the_tests_that_ran_its_statement(tmp_path):
     # a map of calls only (no line data) selects by function, as before
     calls_only = {k: v for k, v in mapping.items() if k not in ("lines", "test_ids")}
     assert sorted(mutation.select_tests(calls_only, "m.py", 3, source)) == sorted([pos, neg])
+
+
+def test_show_prints_a_mutants_diff_from_the_unmutated_copy_and_never_writes_the_cache(tmp_path):
+    """`mutmut show` during a run re-aligned the cache with the file holding the mutant under test,
+    and the run stopped; `ratchet.mutation show` reads the cache only, and the file from --root."""
+    import hashlib
+
+    from ratchet import mutation
+
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "m.py").write_text("def f(x):\n    return x + 1\n")
+    cache = tmp_path / ".mutmut-cache"
+    con = _mutmut_cache(cache)
+    con.executescript("""
+        INSERT INTO SourceFile VALUES (1, 'pkg/m.py', 'h');
+        INSERT INTO Line VALUES (1, 1, 'def f(x):', 0), (2, 1, '    return x + 1', 1);
+        INSERT INTO Mutant VALUES (1, 2, 0, 'h', 'bad_survived');
+    """)
+    con.commit()
+    con.close()
+    before = hashlib.sha256(cache.read_bytes()).hexdigest()
+    out = mutation.show_mutant(cache, 1, root)
+    assert out.startswith("# mutant 1: bad_survived")
+    assert "-    return x + 1\n+    return x - 1" in out
+    assert hashlib.sha256(cache.read_bytes()).hexdigest() == before
+    # the file changed since the run (here: the mutant is on disk): refused, never a wrong diff
+    (root / "pkg" / "m.py").write_text("def f(x):\n    return x - 1\n")
+    with pytest.raises(ValueError, match="has changed since the run"):
+        mutation.show_mutant(cache, 1, root)
+    with pytest.raises(ValueError, match="no mutant 7"):
+        mutation.show_mutant(cache, 7, root)
+    assert mutation.main(["show", "--cache", str(cache), "--root", str(root), "1"]) == 2
