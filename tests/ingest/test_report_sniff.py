@@ -44,3 +44,25 @@ def test_any_one_of_a_run_summary_s_keys_in_the_head_is_enough(tmp_path):
         assert ing._report_file(tmp_path / f"{key}.json") is not None, key
     (tmp_path / "neither.json").write_text(json.dumps({"completed_ids": ids, "resolved_ids": ["a"]}))
     assert ing._report_file(tmp_path / "neither.json") is None
+
+
+def test_the_report_limits_are_the_documented_ones(tmp_path):
+    """docs/ingest.md: a report is read only from a file of at most 32 MiB whose first 64 KiB name
+    a `resolved` key: both bounds checked at the byte, from the documented numbers."""
+    from pathlib import Path
+    doc = " ".join((Path(__file__).parents[2] / "docs" / "ingest.md").read_text().split())
+    assert "a file of at most 32 MiB whose first 64 KiB is a JSON object" in doc
+    limit, head = 32 * MIB, 64 * 1024
+    body = b'"astropy__astropy-12907": {"resolved": true}}'
+    for size, found in ((limit, True), (limit + 1, False)):
+        f = tmp_path / f"size-{size}.json"
+        f.write_bytes(b"{" + body + b" " * (size - len(body) - 1))
+        assert f.stat().st_size == size
+        assert (ing._report_file(f) is not None) is found, size
+    # `"resolved` ends at the head's last byte, or starts at the first byte past it
+    for at, found in ((head - len(b'"resolved'), True), (head, False)):
+        pad = at - len(b'{"astropy__astropy-12907": {')
+        f = tmp_path / f"at-{at}.json"
+        f.write_bytes(b'{"astropy__astropy-12907": {' + b" " * pad + b'"resolved": true}}')
+        assert f.read_bytes().index(b'"resolved') == at
+        assert (ing._report_file(f) is not None) is found, at
