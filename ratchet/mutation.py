@@ -574,7 +574,7 @@ def show_mutant(cache: Path, mutant_id: int, root: Path) -> str:
     run that file holds the mutant being tested, so the cache kept the mutated line and the run
     stopped ("Attribute Mutant.line is required")."""
     from mutmut import RelativeMutationID
-    from mutmut.cache import _get_unified_diff
+    from mutmut.cache import _get_unified_diff  # what `mutmut show` calls (mutmut is pinned: 2.5.1)
 
     con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
     try:
