@@ -131,3 +131,19 @@ def test_the_summary_invariant_is_a_truth_value_that_can_fail():
     from ratchet.ingest import IngestSummary
     assert IngestSummary("b", read=4, accepted=1, quarantined=2, duplicates=1).consistent is True
     assert IngestSummary("b", read=4, accepted=1, quarantined=2).consistent is False
+
+
+def test_records_are_written_in_chunks_bounded_by_rows_and_by_bytes():
+    # a chunk ends at `rows` records or once its payloads reach `max_bytes`, whichever comes first:
+    # the bytes bound is what keeps a batch of large records from being held at once
+    from types import SimpleNamespace
+
+    from ratchet.ingest import _chunks
+    sizes = lambda chunks: [len(c) for c in chunks]  # noqa: E731
+    four = [(b"abcd",)] * 10                              # the fast path's tuples
+    assert sizes(_chunks(four, rows=10, max_bytes=9)) == [3, 3, 3, 1]   # 4 + 4 < 9 <= 4 + 4 + 4
+    assert sizes(_chunks(four, rows=10, max_bytes=8)) == [2, 2, 2, 2, 2]
+    assert sizes(_chunks(four, rows=4, max_bytes=10**6)) == [4, 4, 2]
+    parsed = [SimpleNamespace(payload=b"abcd")] * 10     # parsed records carry their payload
+    assert sizes(_chunks(parsed, rows=10, max_bytes=9)) == [3, 3, 3, 1]
+    assert list(_chunks([], rows=10, max_bytes=9)) == []
