@@ -404,6 +404,7 @@ def test_show_prints_a_mutants_diff_from_the_unmutated_copy_and_never_writes_the
     assert out.startswith("# mutant 1: bad_survived")
     assert "-    return x + 1\n+    return x - 1" in out
     assert hashlib.sha256(cache.read_bytes()).hexdigest() == before
+    assert mutation.main(["show", "--cache", str(cache), "--root", str(root), "1"]) == 0
     # the file changed since the run (here: the mutant is on disk): refused, never a wrong diff
     (root / "pkg" / "m.py").write_text("def f(x):\n    return x - 1\n")
     with pytest.raises(ValueError, match="has changed since the run"):

@@ -90,8 +90,10 @@ def test_a_slow_mutant_is_decided_by_its_lines_not_by_the_cpu_it_took():
     # another (HumanEval/75; another seed-0 suite in CI). So a time-out there is not a verdict; the
     # line budget gives one. Here every untraced test runs out of its (tiny) CPU limit, as on a
     # machine far slower than this one, and the task is still accepted, the same as with the limit.
-    from sandboxes.humaneval.build import _verify_mutant, code_lines, entry_function, mutants
     import ast
+
+    from sandboxes.humaneval.build import _verify_mutant
+    from sandboxes.humaneval.mutate import code_lines, entry_function, mutants
     p = {"task_id": "HumanEval/900", "entry_point": "total",
          "prompt": 'def total(n):\n    """The sum of 0, 1, ..., n - 1."""\n',
          "canonical_solution": "    acc = 0\n    for i in range(n):\n        acc = acc + i\n    return acc\n",
