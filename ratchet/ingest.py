@@ -257,6 +257,7 @@ def _ingest(files, skipped, paths, warehouse: Warehouse, opts: IngestOptions, pr
         max_bytes = int(opts.max_record_mb * 2**20)
         total = sum(_size(f) for f, _ in files)
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="ingest", disable=progress is not True)
+        done = 0  # counted here: a disabled bar (a callback asked for, no bar) keeps no count
         per_file: dict[str, Counter] = {}
         for f, root in files:
             writer.per_file = per_file.setdefault(str(f), Counter())
@@ -284,8 +285,9 @@ def _ingest(files, skipped, paths, warehouse: Warehouse, opts: IngestOptions, pr
             file_rows.append((str(f), st.st_size, st.st_mtime_ns, digest(), "read", None, None, src.compression,
                               src.encoding))
             bar.update(st.st_size)
+            done += st.st_size
             if callable(progress):
-                progress(bar.n, total)
+                progress(done, total)
         writer.finish()
         if writer.parts and writer.stored:  # (an empty warehouse holds nothing to be a duplicate of)
             _drop_reattributed(warehouse, writer, per_file)
