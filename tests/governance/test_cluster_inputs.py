@@ -77,3 +77,27 @@ def test_signatures_spill_under_ratchet_dedup_tmp_which_is_made_when_missing(tmp
     want = _groups(rows)
     assert spill.is_dir() and seen == [str(spill)]
     assert _groups(rows) == want and seen == [str(spill)] * 2  # the folder exists now: reused
+
+
+def test_no_items_give_empty_tables_with_the_documented_columns(tmp_path):
+    """No items dedup to empty tables, not to an error."""
+    empty = pa.table({c: pa.array([], pa.string()) for c in ("id", "text", "repo", "patch")})
+    pq.write_table(empty, tmp_path / "empty.parquet")
+    for data in (empty, [], str(tmp_path / "empty.parquet")):
+        clusters, edges = build_clusters(data, id_col="id", text_col="text", code_cols=("patch",),
+                                         key_cols={"repo": "same_repo"})
+        assert clusters.num_rows == 0 and edges.num_rows == 0
+        assert clusters.schema.names == ["id", "cluster_id", "cluster_size"]
+        assert edges.schema.names == ["a", "b", "reason", "score"]
+
+
+def test_edge_ends_are_four_byte_indexes_into_the_sorted_ids():
+    """`a` and `b` are dictionary columns with int32 indices below 2**31 items: the 10M-row memory
+    budget counts 4 bytes an edge end (docs/governance.md); they read as the item ids."""
+    rows = _items()
+    twin = dict(rows[0], id="twin")
+    _, edges = build_clusters(rows + [twin], id_col="id", text_col="text", code_cols=(), key_cols={"repo": "same_repo"})
+    for end in ("a", "b"):
+        assert edges.schema.field(end).type == pa.dictionary(pa.int32(), pa.string())
+    pairs = {tuple(sorted((r["a"], r["b"]))) for r in edges.to_pylist() if r["reason"] == "minhash"}
+    assert tuple(sorted((rows[0]["id"], "twin"))) in pairs
