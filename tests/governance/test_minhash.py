@@ -143,3 +143,29 @@ def test_hash_backend_reports_the_path_in_use():
     assert minhash.HASH_BACKEND == ("c" if minhash._sha1batch is not None else "duckdb")
     with pytest.raises(ValueError):
         signatures(["a b"], backend="md5")
+
+
+def test_the_defaults_are_the_documented_ones():
+    """The shingle size, permutations and seed decide which items are near-duplicates, so which
+    clusters a locked split holds: a default that drifts from docs/governance.md moves splits."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs/governance.md").read_text()
+    said = re.search(r"`minhash\.signatures\(texts, num_perm=(\d+), seed=(\d+), k=(\d+)\)`: MinHash of word (\d+)-shingles", doc)
+    assert said, "docs/governance.md no longer states the MinHash defaults"
+    num_perm, seed, k, k_words = map(int, said.groups())
+    assert (minhash.DEFAULT_NUM_PERM, minhash.DEFAULT_SEED, minhash.DEFAULT_SHINGLE) == (num_perm, seed, k) and k == k_words
+    params = inspect.signature(signatures).parameters
+    assert (params["num_perm"].default, params["seed"].default, params["k"].default) == (num_perm, seed, k)
+    assert len(shingles(" ".join(f"w{i}" for i in range(k + 1)))) == 2   # k-word windows
+
+
+def test_the_reported_hash_implementation_is_the_one_in_use():
+    """Bench records name the SHA-1 implementation that produced their numbers."""
+    if minhash._sha1batch is None:
+        assert (minhash.HASH_BACKEND, minhash.HASH_IMPL) == ("duckdb", "duckdb")
+    else:
+        assert minhash.HASH_BACKEND == "c"
+        assert minhash.HASH_IMPL == f"c/{minhash._sha1batch.IMPL}" and minhash._sha1batch.IMPL in ("sha-ni", "portable")
