@@ -176,6 +176,11 @@ def _size(f: Path) -> int:
         return 0
 
 
+def worker_count(opts: IngestOptions) -> int:
+    """Normalising processes for large inputs: `workers`, or one per core when it is 0."""
+    return opts.workers or os.cpu_count() or 1
+
+
 def ingest(paths: list[str | os.PathLike], warehouse: Warehouse, options: IngestOptions | None = None,
            progress: Callable[[int, int], None] | bool = False) -> IngestSummary:
     """Ingest files and folders into the warehouse; returns the batch summary.
@@ -187,7 +192,7 @@ def ingest(paths: list[str | os.PathLike], warehouse: Warehouse, options: Ingest
     t0 = time.perf_counter()
     opts = options or IngestOptions()
     files, skipped = discover(paths)
-    workers = opts.workers or os.cpu_count() or 1
+    workers = worker_count(opts)
     pool = None
     if workers > 1 and any(_size(f) >= PARALLEL_MIN_BYTES for f, _ in files):
         import multiprocessing as mp

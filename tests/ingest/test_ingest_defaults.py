@@ -31,3 +31,18 @@ def test_the_number_of_skipped_files_named_in_a_summary_is_the_documented_one():
 
     said = re.search(r"the first (\d+) in `skipped_files`", " ".join((ROOT / "docs/ingest.md").read_text().split()))
     assert said and int(said.group(1)) == SKIPPED_LISTED
+
+
+def test_large_inputs_are_normalised_by_one_process_per_core_unless_workers_is_set(monkeypatch):
+    """docs/ingest.md: `--workers N` sets the number of normalising processes (0 = one per core)."""
+    from pipelines.cli import build_parser
+    from ratchet.ingest import worker_count
+
+    monkeypatch.setattr("os.cpu_count", lambda: 6)
+    assert IngestOptions().workers == 0 == build_parser().parse_args(["ingest", "x"]).workers
+    assert worker_count(IngestOptions()) == 6
+    assert worker_count(IngestOptions(workers=3)) == 3
+    monkeypatch.setattr("os.cpu_count", lambda: None)        # unknown core count: one process
+    assert worker_count(IngestOptions()) == 1
+    said = " ".join((ROOT / "docs/ingest.md").read_text().split())
+    assert "`--workers N` sets the number of normalising processes (0 = one per core)" in said
