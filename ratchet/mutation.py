@@ -36,14 +36,14 @@ def read_cache(path: Path) -> dict:
         raise FileNotFoundError(f"no mutmut cache at {path}: run `make mutation` first")
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        rows = con.execute("""SELECT m.id, m.status, l.line_number, l.line, f.filename
+        rows = con.execute("""SELECT m.id, m.status, l.line_number, l.line, f.filename, m."index"
                               FROM Mutant m JOIN Line l ON m.line = l.id JOIN SourceFile f ON l.sourcefile = f.id
                               ORDER BY f.filename, l.line_number, m.id""").fetchall()
     finally:
         con.close()
     files: dict[str, dict] = {}
     survivors = []
-    for mid, status, line_no, line, filename in rows:
+    for mid, status, line_no, line, filename, index in rows:
         f = files.setdefault(filename, {"mutants": 0, "killed": 0, "survived": 0, "timeout": 0, "skipped": 0,
                                         "untested": 0})
         f["mutants"] += 1
@@ -51,7 +51,8 @@ def read_cache(path: Path) -> dict:
             f["killed"] += 1
         elif status in SURVIVED:
             f["survived"] += 1
-            survivors.append({"id": mid, "file": filename, "line": line_no + 1, "code": line.strip()[:160]})
+            survivors.append({"id": mid, "file": filename, "line": line_no + 1, "code": line.strip()[:160],
+                              "index": index, "text": line})
         elif status == "bad_timeout":
             f["timeout"] += 1
         elif status == "skipped":
@@ -595,6 +596,108 @@ def show_mutant(cache: Path, mutant_id: int, root: Path) -> str:
     return f"# mutant {mutant_id}: {status}\n{diff}"
 
 
+# --- survivors judged equivalent: kept in the repository with the reason -------------------------
+#
+# A survivor that changes no behaviour a user can see (a buffer's size, a sentinel read only as
+# "< 0", an unreachable branch) cannot be killed by a test. Each such judgment is written down
+# with its reason, keyed as mutmut keys a mutant (file, line text, index on the line) and with the
+# mutated line itself, so the results page separates the survivors that still need a test from
+# those judged equivalent, and a judgment whose line changed is reported stale, not carried over.
+
+JUDGED_FILE = "docs/results/mutation-equivalent.json"
+
+
+def mutated_line(source: str, filename: str, line: str, index: int, number: int) -> str:
+    """The text of line `number` (0-based) of `source` with mutmut's mutant (`line`, `index`)."""
+    from mutmut import Context, RelativeMutationID, mutate
+
+    mutated, n = mutate(Context(source=source, mutation_id=RelativeMutationID(line, index, number),
+                                filename=filename, dict_synonyms=[]))
+    if n != 1:
+        raise ValueError(f"{filename}:{number + 1}: mutmut has no mutant {index} on {line.strip()!r}")
+    return mutated.split("\n")[number].strip()
+
+
+def load_judged(path: Path) -> list[dict]:
+    import json
+
+    return json.loads(path.read_text())["mutants"] if path.exists() else []
+
+
+def _judged_key(m: dict) -> tuple:
+    return m["file"], m.get("text", m.get("line")), m["index"]
+
+
+def judge(cache: Path, ids: list[int], root: Path, why: str, path: Path) -> list[dict]:
+    """Record the survivors `ids` of `cache` as equivalent, for `why`; returns the new entries."""
+    import json
+
+    if not why.strip():
+        raise ValueError("say why the mutants are equivalent (--why)")
+    con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
+    try:
+        rows = {r[0]: r[1:] for r in con.execute(
+            'select m.id, s.filename, l.line, l.line_number, m."index", m.status from Mutant m join Line l on m.line = l.id '
+            'join SourceFile s on l.sourcefile = s.id where m.id in (%s)' % ",".join("?" * len(ids)), ids)}
+    finally:
+        con.close()
+    entries = load_judged(path)
+    have = {(e["file"], e["line"], e["index"]) for e in entries}
+    new = []
+    for mid in ids:
+        if mid not in rows:
+            raise ValueError(f"no mutant {mid} in {cache}")
+        filename, line, number, index, status = rows[mid]
+        if status != "bad_survived":
+            raise ValueError(f"mutant {mid} is {status}, not a survivor")
+        source = (root / filename).read_text()
+        if source.split("\n")[number:number + 1] != [line]:
+            raise ValueError(f"{root / filename} has changed since the run (give --root the copy the run mutated)")
+        e = {"file": filename, "line": line, "index": index,
+             "mutant": mutated_line(source, filename, line, index, number), "why": why.strip()}
+        if (filename, line, index) not in have:
+            have.add((filename, line, index))
+            entries.append(e)
+            new.append(e)
+    entries.sort(key=lambda e: (e["file"], e["line"], e["index"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"format": 1, "mutants": [' + ",".join("\n" + json.dumps(e, ensure_ascii=False) for e in entries)
+                    + "\n]}\n")
+    return new
+
+
+def stale_judgments(path: Path, root: Path) -> list[str]:
+    """Judgments that no longer describe the code: the line is gone from its file, or mutmut's
+    mutant at that index is no longer the recorded one."""
+    out = []
+    for e in load_judged(path):
+        f = root / e["file"]
+        lines = f.read_text().split("\n") if f.exists() else []
+        if e["line"] not in lines:
+            out.append(f"{e['file']}: the line {e['line'].strip()!r} is gone")
+            continue
+        try:
+            got = mutated_line("\n".join(lines), e["file"], e["line"], e["index"], lines.index(e["line"]))
+        except ValueError as err:
+            out.append(str(err))
+            continue
+        if got != e["mutant"]:
+            out.append(f"{e['file']}: mutant {e['index']} of {e['line'].strip()!r} is now {got!r}, not {e['mutant']!r}")
+    return out
+
+
+def mark_judged(res: dict, judged: list[dict]) -> dict:
+    """Each survivor judged equivalent gets its reason; `equivalent` counts them, `open` the rest."""
+    why = {(e["file"], e["line"], e["index"]): e["why"] for e in judged}
+    for m in res["survivors"]:
+        w = why.get(_judged_key(m))
+        if w:
+            m["equivalent"] = w
+    res["equivalent"] = sum(1 for m in res["survivors"] if "equivalent" in m)
+    res["open"] = res["survived"] - res["equivalent"]
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     from ratchet import results
 
@@ -627,6 +730,25 @@ def main(argv: list[str] | None = None) -> int:
         except (FileNotFoundError, sqlite3.Error, ValueError) as e:
             print(f"ratchet.mutation show: {e}", file=sys.stderr)
             return 2
+        return 0
+
+    if argv[:1] == ["judge"]:
+        ap = argparse.ArgumentParser(prog="ratchet.mutation judge", description=(
+            "record surviving mutants as equivalent (no behaviour a user can see changes), with the reason"))
+        ap.add_argument("--cache", required=True, help="the run's .mutmut-cache")
+        ap.add_argument("--root", default=".", help="the unmutated copy the run's files come from (default: here)")
+        ap.add_argument("--why", required=True, help="why no test can tell the mutant from the code")
+        ap.add_argument("--file", default=JUDGED_FILE, help=f"the judgments file (default {JUDGED_FILE})")
+        ap.add_argument("ids", type=int, nargs="+", help="survivors' ids (as the run lists them)")
+        a = ap.parse_args(argv[1:])
+        try:
+            new = judge(Path(a.cache), a.ids, Path(a.root), a.why, Path(a.file))
+        except (FileNotFoundError, sqlite3.Error, ValueError) as e:
+            print(f"ratchet.mutation judge: {e}", file=sys.stderr)
+            return 2
+        for e in new:
+            print(f"{e['file']}: {e['line'].strip()}  ->  {e['mutant']}", file=sys.stderr)
+        print(f"mutation: {len(new)} judged equivalent -> {a.file}", file=sys.stderr)
         return 0
 
     if argv[:1] in (["save"], ["resume"]):
@@ -671,6 +793,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ratchet.mutation: {e}", file=sys.stderr)
         return 2
     res["exempt"] = exempt_lines(res["files"], Path(a.root))
+    mark_judged(res, load_judged(Path(a.root) / JUDGED_FILE))
     now = datetime.now(timezone.utc)
     load = os.getloadavg()
     rec = results.make_record("mutation", [a.label] + ([a.tests] if a.tests else []), res, now, a.wall_s, load, load)
@@ -678,6 +801,7 @@ def main(argv: list[str] | None = None) -> int:
     results.append_record(rec, out)
     results.write_page(out)
     print(f"mutation: {res['killed']} of {res['mutants']} killed, {res['survived']} survived "
+          f"({res['equivalent']} of them judged equivalent) "
           f"({len(res['files'])} files) -> {out / 'mutation.jsonl'}", file=sys.stderr)
     return 0
 

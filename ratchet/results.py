@@ -304,12 +304,20 @@ def _mutation_detail(res: dict) -> list[str]:
         out.append(f"| `{f}` | {c['mutants']} | {c['killed']} | {c['survived']} | {c['timeout']} | {c.get('skipped', 0)} "
                    f"| {c['untested']} |")
     surv = res.get("survivors") or []
-    if surv:
-        out += ["", f"Surviving mutants (`python -m ratchet.mutation show --cache CACHE ID` prints each diff)"
-                    f"{f'; the first {MAX_SURVIVORS} of {len(surv)}, every one is in mutation.jsonl' if len(surv) > MAX_SURVIVORS else ''}:", ""]
-        for m in surv[:MAX_SURVIVORS]:
+    open_ = [m for m in surv if not m.get("equivalent")]
+    judged = [m for m in surv if m.get("equivalent")]
+    if open_:
+        out += ["", f"Surviving mutants no test kills yet (`python -m ratchet.mutation show --cache CACHE ID` prints "
+                    f"each diff){f'; the first {MAX_SURVIVORS} of {len(open_)}, every one is in mutation.jsonl' if len(open_) > MAX_SURVIVORS else ''}:", ""]
+        for m in open_[:MAX_SURVIVORS]:
             code = m["code"].replace("`", "'")
             out.append(f"- {m['id']}: `{m['file']}:{m['line']}` `{code}`")
+    if judged:
+        out += ["", f"Surviving mutants judged equivalent (no behaviour a user can see changes; "
+                    f"`docs/results/mutation-equivalent.json` keeps each mutated line and the reason): {len(judged)}", ""]
+        for m in judged:
+            code = m["code"].replace("`", "'")
+            out.append(f"- `{m['file']}:{m['line']}` `{code}`: {m['equivalent']}")
     exempt = res.get("exempt") or []
     if exempt:
         out += ["", f"Lines not mutated (`# pragma: no mutate`, each with its reason): {len(exempt)}", ""]

@@ -130,7 +130,7 @@ def test_mutation_results_come_from_mutmuts_cache(tmp_path):
     res = mutation.read_cache(cache)
     assert (res["mutants"], res["killed"], res["survived"], res["timeout"], res["untested"]) == (4, 1, 1, 1, 1)
     assert res["survivors"] == [{"id": 2, "file": "ratchet/governance/holdout.py", "line": 10,
-                                 "code": "if left or entered:"}]
+                                 "code": "if left or entered:", "index": 1, "text": "    if left or entered:"}]
     assert res["ratio"] == round(1 / 3, 4)
     assert mutation.main(["--cache", str(cache), "--label", "governance", "--results-dir", str(tmp_path / "r")]) == 0
     page = (tmp_path / "r" / "README.md").read_text()
@@ -412,3 +412,61 @@ def test_show_prints_a_mutants_diff_from_the_unmutated_copy_and_never_writes_the
     with pytest.raises(ValueError, match="no mutant 7"):
         mutation.show_mutant(cache, 7, root)
     assert mutation.main(["show", "--cache", str(cache), "--root", str(root), "1"]) == 2
+
+
+def test_a_survivor_judged_equivalent_is_listed_with_its_reason_and_a_changed_line_drops_the_judgment(tmp_path):
+    """`judge` writes a survivor down as equivalent with the reason; the results page then lists it
+    apart from the survivors that still need a test. A judgment is keyed by the line's text and the
+    mutant's index and keeps the mutated line: once the code changes it is reported stale and the
+    survivor is open again."""
+    from ratchet import mutation
+
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    src = "BUF = 4096\n\ndef f(x):\n    return x + 1\n"
+    (root / "pkg" / "m.py").write_text(src)
+    cache = tmp_path / ".mutmut-cache"
+    con = _mutmut_cache(cache)
+    con.executescript("""
+        INSERT INTO SourceFile VALUES (1, 'pkg/m.py', 'h');
+        INSERT INTO Line VALUES (1, 1, 'BUF = 4096', 0), (2, 1, '    return x + 1', 3);
+        INSERT INTO Mutant VALUES (1, 1, 0, 'h', 'bad_survived'), (2, 2, 0, 'h', 'bad_survived'),
+                                  (3, 2, 1, 'h', 'ok_killed');
+    """)
+    con.commit()
+    con.close()
+    judged = root / mutation.JUDGED_FILE
+    assert mutation.main(["judge", "--cache", str(cache), "--root", str(root), "--file", str(judged), "--why",
+                          "a buffer size: any value reads the same bytes", "1"]) == 0
+    entries = mutation.load_judged(judged)
+    assert entries == [{"file": "pkg/m.py", "line": "BUF = 4096", "index": 0, "mutant": "BUF = 4097",
+                        "why": "a buffer size: any value reads the same bytes"}]
+    # judging again adds nothing; a killed mutant, an unknown id or no reason are refused
+    assert mutation.main(["judge", "--cache", str(cache), "--root", str(root), "--file", str(judged), "--why", "x", "1"]) == 0
+    assert len(mutation.load_judged(judged)) == 1
+    for bad in (["--why", "x", "3"], ["--why", "x", "9"], ["--why", " ", "2"]):
+        assert mutation.main(["judge", "--cache", str(cache), "--root", str(root), "--file", str(judged), *bad]) == 2
+    assert len(mutation.load_judged(judged)) == 1
+    assert mutation.stale_judgments(judged, root) == []
+
+    out = tmp_path / "r"
+    assert mutation.main(["--cache", str(cache), "--label", "pkg", "--results-dir", str(out), "--root", str(root)]) == 0
+    rec = json.loads((out / "mutation.jsonl").read_text().splitlines()[-1])["result"]
+    assert (rec["survived"], rec["equivalent"], rec["open"]) == (2, 1, 1)
+    page = (out / "README.md").read_text()
+    open_part, judged_part = page.split("Surviving mutants judged equivalent")
+    assert "- 2: `pkg/m.py:4` `return x + 1`" in open_part.split("no test kills yet")[1]
+    assert "`pkg/m.py:1` `BUF = 4096`: a buffer size: any value reads the same bytes" in judged_part
+    assert "BUF" not in open_part.split("no test kills yet")[1]
+
+    # the line changes: the judgment is stale and no longer applies
+    (root / "pkg" / "m.py").write_text(src.replace("4096", "8192"))
+    assert mutation.stale_judgments(judged, root) == ["pkg/m.py: the line 'BUF = 4096' is gone"]
+
+
+def test_every_committed_equivalence_judgment_still_describes_the_code():
+    """A judgment whose line changed would no longer apply to any survivor: re-judge it with
+    `python -m ratchet.mutation judge` after the next run, or delete its entry."""
+    from ratchet import mutation
+
+    assert mutation.stale_judgments(ROOT / mutation.JUDGED_FILE, ROOT) == []

@@ -304,3 +304,29 @@ def test_an_item_whose_own_fingerprints_collide_gets_no_edge_to_itself():
     for kw in ({}, {"spanning": True}, {"labels": (np.arange(len(shapes)) % 3).astype(np.int8)}):
         pieces = ast_pairs(rank, code, shapes, **kw)
         assert all((x < y).all() for x, y, _, _ in pieces), kw
+
+
+def test_releasing_any_byte_range_of_mapped_signatures_keeps_them_intact(monkeypatch):
+    """The LSH step drops the pages of each window it has read (`release(offset, length)`); a
+    window's offset is a multiple of its row size (num_perm x 4 bytes), so not page-aligned when
+    num_perm is not a power of two, and the last window runs past the file's end. Any range is
+    accepted and the signatures read back unchanged (the mapping is read-only and file-backed)."""
+    import mmap
+
+    from ratchet.governance import clusters
+
+    monkeypatch.setattr(clusters, "_SIG_MMAP_BYTES", 0)
+    texts = [f"item {i} " + " ".join(f"w{(i * 7 + j) % 50}" for j in range(30)) for i in range(300)]
+    rows = [{"record_id": f"r{i}", "prompt_text": t} for i, t in enumerate(texts)]
+    data = clusters.read_items(rows, "record_id", "prompt_text", (), (), num_perm=100)
+    assert data.release is not None and isinstance(data.sigs, np.ndarray)
+    want = signatures(texts, num_perm=100)
+    size = data.sigs.nbytes
+    row_bytes = 100 * 4
+    for offset, length in ((3 * row_bytes, 17 * row_bytes), (mmap.PAGESIZE + 1, 5), (size - row_bytes, 10 * size),
+                           (0, size), (size - 1, 1)):
+        assert offset % mmap.PAGESIZE or offset == 0
+        data.release(offset, length)
+        assert np.array_equal(data.sigs, want)
+    data.release()
+    assert np.array_equal(data.sigs, want)
