@@ -33,7 +33,6 @@ class HoldoutState:
     path: Path
     manifest: HoldoutManifest | None     # verified; None when no holdout was ever locked
     recorded: bool                        # the warehouse holds a lock record
-    last_event: dict | None = None
 
     @property
     def locked(self) -> bool:
@@ -83,7 +82,7 @@ def holdout_state(con, path: str | Path) -> HoldoutState:
         raise ManifestError(f"holdout manifest at {path} says locked={m.locked} but the warehouse says "
                             f"locked={not unlocked} (last event: {state['event']} by {state['actor']} at {state['event_at']}); "
                             f"the lock flag can only change through `ratchet holdout unlock`")
-    return HoldoutState(path, m, recorded=True, last_event=events[-1])
+    return HoldoutState(path, m, recorded=True)
 
 
 def log_event(con, event: str, m: HoldoutManifest, path: str | Path, actor: str | None = None,

@@ -94,7 +94,7 @@ def test_no_items_give_empty_tables_with_the_documented_columns(tmp_path):
 def test_edge_ends_are_four_byte_indexes_into_the_sorted_ids():
     """`a` and `b` are dictionary columns with int32 indices below 2**31 items: the 10M-row memory
     budget counts 4 bytes an edge end (docs/governance.md); they read as the item ids."""
-    rows = _items()
+    rows = _items((20, 30, 10, 20))   # 80 items: past any small cut-off a mutant might make of 2**31
     twin = dict(rows[0], id="twin")
     _, edges = build_clusters(rows + [twin], id_col="id", text_col="text", code_cols=(), key_cols={"repo": "same_repo"})
     for end in ("a", "b"):

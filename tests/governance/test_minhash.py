@@ -139,6 +139,23 @@ def test_fallback_without_extension_matches_datasketch(monkeypatch):
         signatures(docs, backend="c")
 
 
+def test_an_extension_that_does_not_import_falls_back_to_duckdb():
+    """Where `_sha1batch` did not build, importing minhash picks DuckDB by itself and says so
+    (the test above patches the module; this one makes the import fail, in a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['ratchet.governance._sha1batch'] = None\n"   # import -> ImportError
+            "from ratchet.governance import minhash\n"
+            "print(minhash._sha1batch, minhash.HASH_BACKEND, minhash.HASH_IMPL)\n"
+            "print(minhash.signatures(['a b c d e f'], num_perm=4)[0].tolist())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, sig = out.stdout.splitlines()
+    assert first == "None duckdb duckdb"
+    assert sig == str(signatures(["a b c d e f"], num_perm=4)[0].tolist())
+
+
 def test_hash_backend_reports_the_path_in_use():
     assert minhash.HASH_BACKEND == ("c" if minhash._sha1batch is not None else "duckdb")
     with pytest.raises(ValueError):
