@@ -600,8 +600,8 @@ def show_mutant(cache: Path, mutant_id: int, root: Path) -> str:
 #
 # A survivor that changes no behaviour a user can see (a buffer's size, a sentinel read only as
 # "< 0", an unreachable branch) cannot be killed by a test. Each such judgment is written down
-# with its reason, keyed as mutmut keys a mutant (file, line text, index on the line) and with the
-# mutated line itself, so the results page separates the survivors that still need a test from
+# with its reason, keyed as mutmut keys a mutant (file, line text, index on the line; and the line
+# number where that text is on several lines of the file) and with the mutated line itself, so the results page separates the survivors that still need a test from
 # those judged equivalent, and a judgment whose line changed is reported stale, not carried over.
 
 JUDGED_FILE = "docs/results/mutation-equivalent.json"
@@ -624,10 +624,6 @@ def load_judged(path: Path) -> list[dict]:
     return json.loads(path.read_text())["mutants"] if path.exists() else []
 
 
-def _judged_key(m: dict) -> tuple:
-    return m["file"], m.get("text", m.get("line")), m["index"]
-
-
 def judge(cache: Path, ids: list[int], root: Path, why: str, path: Path) -> list[dict]:
     """Record the survivors `ids` of `cache` as equivalent, for `why`; returns the new entries."""
     import json
@@ -642,7 +638,7 @@ def judge(cache: Path, ids: list[int], root: Path, why: str, path: Path) -> list
     finally:
         con.close()
     entries = load_judged(path)
-    have = {(e["file"], e["line"], e["index"]) for e in entries}
+    have = {(e["file"], e["line"], e["index"], e.get("at")) for e in entries}
     new = []
     for mid in ids:
         if mid not in rows:
@@ -653,10 +649,12 @@ def judge(cache: Path, ids: list[int], root: Path, why: str, path: Path) -> list
         source = (root / filename).read_text()
         if source.split("\n")[number:number + 1] != [line]:
             raise ValueError(f"{root / filename} has changed since the run (give --root the copy the run mutated)")
-        e = {"file": filename, "line": line, "index": index,
+        # a line whose text is on several lines (`return 0`) is judged at its number only
+        at = number + 1 if source.split("\n").count(line) > 1 else None
+        e = {"file": filename, "line": line, "index": index, **({"at": at} if at else {}),
              "mutant": mutated_line(source, filename, line, index, number), "why": why.strip()}
-        if (filename, line, index) not in have:
-            have.add((filename, line, index))
+        if (filename, line, index, at) not in have:
+            have.add((filename, line, index, at))
             entries.append(e)
             new.append(e)
     entries.sort(key=lambda e: (e["file"], e["line"], e["index"]))
@@ -673,11 +671,14 @@ def stale_judgments(path: Path, root: Path) -> list[str]:
     for e in load_judged(path):
         f = root / e["file"]
         lines = f.read_text().split("\n") if f.exists() else []
-        if e["line"] not in lines:
-            out.append(f"{e['file']}: the line {e['line'].strip()!r} is gone")
+        where = ([e["at"] - 1] if e.get("at") and lines[e["at"] - 1:e["at"]] == [e["line"]]
+                 else [] if e.get("at") else [i for i, x in enumerate(lines) if x == e["line"]])
+        if len(where) != 1:
+            out.append(f"{e['file']}: the line {e['line'].strip()!r} is gone" + (f" from line {e['at']}" if e.get("at") else "")
+                       if not where else f"{e['file']}: the line {e['line'].strip()!r} is now on several lines")
             continue
         try:
-            got = mutated_line("\n".join(lines), e["file"], e["line"], e["index"], lines.index(e["line"]))
+            got = mutated_line("\n".join(lines), e["file"], e["line"], e["index"], where[0])
         except ValueError as err:
             out.append(str(err))
             continue
@@ -688,9 +689,9 @@ def stale_judgments(path: Path, root: Path) -> list[str]:
 
 def mark_judged(res: dict, judged: list[dict]) -> dict:
     """Each survivor judged equivalent gets its reason; `equivalent` counts them, `open` the rest."""
-    why = {(e["file"], e["line"], e["index"]): e["why"] for e in judged}
+    why = {(e["file"], e["line"], e["index"], e.get("at")): e["why"] for e in judged}
     for m in res["survivors"]:
-        w = why.get(_judged_key(m))
+        w = why.get((m["file"], m.get("text"), m["index"], None)) or why.get((m["file"], m.get("text"), m["index"], m["line"]))
         if w:
             m["equivalent"] = w
     res["equivalent"] = sum(1 for m in res["survivors"] if "equivalent" in m)

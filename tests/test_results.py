@@ -423,15 +423,16 @@ def test_a_survivor_judged_equivalent_is_listed_with_its_reason_and_a_changed_li
 
     root = tmp_path / "repo"
     (root / "pkg").mkdir(parents=True)
-    src = "BUF = 4096\n\ndef f(x):\n    return x + 1\n"
+    src = "BUF = 4096\n\ndef f(x):\n    return x + 1\n\ndef g():\n    return 0\n\ndef h():\n    return 0\n"
     (root / "pkg" / "m.py").write_text(src)
     cache = tmp_path / ".mutmut-cache"
     con = _mutmut_cache(cache)
     con.executescript("""
         INSERT INTO SourceFile VALUES (1, 'pkg/m.py', 'h');
-        INSERT INTO Line VALUES (1, 1, 'BUF = 4096', 0), (2, 1, '    return x + 1', 3);
+        INSERT INTO Line VALUES (1, 1, 'BUF = 4096', 0), (2, 1, '    return x + 1', 3), (3, 1, '    return 0', 6),
+                                (4, 1, '    return 0', 9);
         INSERT INTO Mutant VALUES (1, 1, 0, 'h', 'bad_survived'), (2, 2, 0, 'h', 'bad_survived'),
-                                  (3, 2, 1, 'h', 'ok_killed');
+                                  (3, 2, 1, 'h', 'ok_killed'), (4, 3, 0, 'h', 'bad_survived'), (5, 4, 0, 'h', 'bad_survived');
     """)
     con.commit()
     con.close()
@@ -447,21 +448,29 @@ def test_a_survivor_judged_equivalent_is_listed_with_its_reason_and_a_changed_li
     for bad in (["--why", "x", "3"], ["--why", "x", "9"], ["--why", " ", "2"]):
         assert mutation.main(["judge", "--cache", str(cache), "--root", str(root), "--file", str(judged), *bad]) == 2
     assert len(mutation.load_judged(judged)) == 1
+    # a line whose text is on several lines is judged at its own number only
+    assert mutation.main(["judge", "--cache", str(cache), "--root", str(root), "--file", str(judged), "--why",
+                          "g's value is never read", "4"]) == 0
+    assert [e for e in mutation.load_judged(judged) if e.get("at")] == [{"file": "pkg/m.py", "line": "    return 0", "index": 0, "at": 7,
+                                               "mutant": "return 1", "why": "g's value is never read"}]
     assert mutation.stale_judgments(judged, root) == []
 
     out = tmp_path / "r"
     assert mutation.main(["--cache", str(cache), "--label", "pkg", "--results-dir", str(out), "--root", str(root)]) == 0
     rec = json.loads((out / "mutation.jsonl").read_text().splitlines()[-1])["result"]
-    assert (rec["survived"], rec["equivalent"], rec["open"]) == (2, 1, 1)
+    assert (rec["survived"], rec["equivalent"], rec["open"]) == (4, 2, 2)
     page = (out / "README.md").read_text()
     open_part, judged_part = page.split("Surviving mutants judged equivalent")
     assert "- 2: `pkg/m.py:4` `return x + 1`" in open_part.split("no test kills yet")[1]
+    assert "- 5: `pkg/m.py:10` `return 0`" in open_part.split("no test kills yet")[1]
+    assert "`pkg/m.py:7` `return 0`: g's value is never read" in judged_part
     assert "`pkg/m.py:1` `BUF = 4096`: a buffer size: any value reads the same bytes" in judged_part
     assert "BUF" not in open_part.split("no test kills yet")[1]
 
     # the line changes: the judgment is stale and no longer applies
-    (root / "pkg" / "m.py").write_text(src.replace("4096", "8192"))
-    assert mutation.stale_judgments(judged, root) == ["pkg/m.py: the line 'BUF = 4096' is gone"]
+    (root / "pkg" / "m.py").write_text("\n" + src.replace("4096", "8192"))
+    assert sorted(mutation.stale_judgments(judged, root)) == ["pkg/m.py: the line 'BUF = 4096' is gone",
+                                                              "pkg/m.py: the line 'return 0' is gone from line 7"]
 
 
 def test_every_committed_equivalence_judgment_still_describes_the_code():
