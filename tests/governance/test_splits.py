@@ -143,3 +143,47 @@ def test_contamination_gate_fails_on_planted_cross_split_near_duplicate():
     rows2 = rows[:-1] + [{"id": tasks[0]["task_id"], "split": "holdout" if rows[0]["split"] != "holdout" else "train"}]
     rep2 = contamination_report(rows2, tasks, id_col="task_id", text_col=None, code_cols=())
     assert not rep2["passed"] and rep2["counts"]["exact_id"] == 1
+
+
+def test_every_way_a_manifest_can_be_wrong_is_refused_with_its_reason(tmp_path):
+    """Each guard of a holdout manifest, one at a time: a file edited by hand that keeps its hash
+    consistent (ids reordered or repeated: the hash is over the sorted set) is still refused, as are
+    a malformed file, rows whose header was edited, and a lock with no author or no tasks."""
+    import hashlib
+
+    from ratchet.governance.manifest import HoldoutManifest, verify_manifest
+
+    with pytest.raises(ManifestError, match="locked_by is required"):
+        create_manifest(["a"], locked_by="", now=NOW)
+    with pytest.raises(ManifestError, match="refusing to lock an empty holdout"):
+        create_manifest([], locked_by="lead", now=NOW)
+    m = create_manifest(["t1", "t2"], locked_by="lead", now=NOW)
+    with pytest.raises(ManifestError, match="expected but missing"):
+        verify_manifest(None)
+    for ids, why in ((("t2", "t1"), "not sorted and unique"), (("t1", "t1", "t2"), "not sorted and unique"),
+                     ((), "lists no tasks")):
+        forged = HoldoutManifest(m.version, ids, hashlib.sha256("\n".join(sorted(set(ids))).encode()).hexdigest(),
+                                 m.created_at, m.locked_by)
+        with pytest.raises(ManifestError, match=why):
+            verify_manifest(forged)
+        d = json.loads(m.to_json())
+        d.update(task_ids=list(ids), sha256=forged.sha256)
+        (tmp_path / "m.json").write_text(json.dumps(d))
+        with pytest.raises(ManifestError, match=why):
+            load_manifest(tmp_path / "m.json")
+    assert verify_manifest(m, expected_ids=["t2", "t1", "t1"]) == m          # the same set of ids
+    with pytest.raises(ManifestError, match="ids differ from the expected holdout ids"):
+        verify_manifest(m, expected_ids=["t1", "t3"])
+    for text in ("{not json", json.dumps({"version": 1}), json.dumps([1, 2]), json.dumps({**json.loads(m.to_json()), "version": "x"})):
+        (tmp_path / "m.json").write_text(text)
+        with pytest.raises(ManifestError, match=r"m\.json is malformed"):
+            load_manifest(tmp_path / "m.json")
+    with pytest.raises(ManifestError, match="no holdout_manifest rows"):
+        manifest_from_rows([])
+    rows = manifest_rows(m)
+    rows[1]["locked_by"] = "mallory"
+    with pytest.raises(ManifestError, match="rows of version 1 disagree on their header"):
+        manifest_from_rows(rows)
+    # an older version's rows do not count: the newest version is rebuilt
+    old = [{**r, "version": 0, "locked_by": "someone else"} for r in manifest_rows(m)]
+    assert manifest_from_rows(old + manifest_rows(m)) == m
