@@ -82,3 +82,19 @@ def test_revocation_purges_training_view_and_flags_checkpoints(grants):
     rows = [{"checkpoint_id": "ckpt-old", "record_id": None, "consent_id": "CONSENT-REV"}]
     assert [f["checkpoint_id"] for f in checkpoints_to_flag(["CONSENT-REV"], rows)] == ["ckpt-old"]
     assert checkpoints_to_flag(["CONSENT-GLOBEX"], registry, trajectories=trajs) == []
+
+
+def test_checkpoint_rows_count_the_revoked_records_each_was_trained_on(grants):
+    """The row form of the registry (checkpoint_id, record_id, consent_id): a flag counts the
+    distinct records under the revoked grant, whether a row names its consent or only its record;
+    and a revocation of a grant that does not exist is an error, never a silent no-op."""
+    trajs = [_t("r1", "acme", "C-REV", 5), _t("r2", "acme", "C-REV", 6), _t("r3", "acme", "C-OK", 5)]
+    rows = [{"checkpoint_id": "ck", "record_id": "r1", "consent_id": "C-REV"},
+            {"checkpoint_id": "ck", "record_id": "r1", "consent_id": "C-REV"},     # the same record twice
+            {"checkpoint_id": "ck", "record_id": "r2", "consent_id": None},        # consent through its record
+            {"checkpoint_id": "ck", "record_id": "r3", "consent_id": None},
+            {"checkpoint_id": "other", "record_id": "r3", "consent_id": "C-OK"}]
+    assert checkpoints_to_flag(["C-REV"], rows, trajectories=trajs) == [
+        {"checkpoint_id": "ck", "consent_id": "C-REV", "n_records": 2, "reason": "trained_on_revoked_consent"}]
+    with pytest.raises(KeyError, match="unknown consent_id C-NONE"):
+        revoke(grants, "C-NONE", at=NOW)
