@@ -128,3 +128,19 @@ def test_an_item_holding_two_problems_joins_both_into_one_cluster():
         assert len(set(clusters.column("cluster_id").to_pylist())) == 1
         pairs = list(zip(edges.column("a").to_pylist(), edges.column("b").to_pylist()))
         assert len(pairs) == len(set(pairs)) and all(x != y for x, y in pairs)
+
+
+def test_code_that_parses_but_nests_too_deep_to_walk_falls_back_to_tokens():
+    """A hostile patch can parse and still be too deep to fingerprint (Python's recursion limit):
+    it gets the token fingerprint, and a token fingerprint never collides with a parsed one, even
+    of the same text (their shapes are not comparable)."""
+    import ast
+
+    deep = "def f():\n    return " + "-" * 900 + "1\n"
+    ast.parse(deep)                                  # parses: the fallback is the walk's, not the parser's
+    fps = fingerprint_code(deep)
+    assert [f.kind for f in fps] == ["tokens"]
+    parsed = fingerprint_code("def f():\n    return -1\n")
+    assert [f.kind for f in parsed] == ["function"]
+    assert collide(fps[0], parsed[0]) is None and collide(parsed[0], fps[0]) is None
+    assert collide(fps[0], fingerprint_code(deep)[0]) == ("skeleton", 1.0)   # two copies of it still join
