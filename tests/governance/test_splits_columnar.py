@@ -158,11 +158,21 @@ def test_arrow_inputs_of_every_shape_match():
     for data in (t, t.to_batches()[0], pa.concat_tables([t.slice(0, 25), t.slice(25)]),  # several chunks
                  t.set_column(2, "slice", t.column("slice").dictionary_encode()),
                  t.set_column(0, "id", t.column("id").cast(pa.large_string())),
+                 t.set_column(0, "id", t.column("id").dictionary_encode())                 # dictionary ids
+                  .set_column(1, "cluster_id", t.column("cluster_id").dictionary_encode()),
                  t.set_column(1, "cluster_id", pa.array([i % 7 for i in range(60)])),  # non-string cluster ids
                  t.set_column(2, "slice", pa.array([i % 3 for i in range(60)])),        # non-string slices
                  t.drop_columns(["slice"]), t.slice(0, 0), t.drop_columns(["slice"]).slice(0, 0)):
         _same(data, manifest=m, previous={"t1": "val", "t2": "holdout"})
         _same(data, seed=3)
+
+
+def test_a_table_without_its_id_or_cluster_column_is_refused_by_name():
+    t = pa.Table.from_pylist([{"id": "t1", "cluster_id": "c1"}, {"id": "t2", "cluster_id": "c2"}])
+    for missing in ("id", "cluster_id"):
+        with pytest.raises(KeyError, match=missing):
+            assign_splits(t.drop_columns([missing]))
+    assert assign_splits(t.drop_columns(["cluster_id"]).slice(0, 0)).num_rows == 0   # no rows: nothing to miss
 
 
 def test_odd_row_values_match():
