@@ -330,3 +330,24 @@ def test_releasing_any_byte_range_of_mapped_signatures_keeps_them_intact(monkeyp
         assert np.array_equal(data.sigs, want)
     data.release()
     assert np.array_equal(data.sigs, want)
+
+
+def test_key_groups_that_straddle_reader_batches_give_the_same_pairs(corpus, monkeypatch):
+    """DuckDB hands the sorted band keys over in batches of `_PAIR_BATCH` rows, and a key group
+    cut by a batch's end is held back and joined to the next batch. With batches of a few rows
+    (most groups cut) the pairs, the components and the cross-label pairs are those of one batch."""
+    ids, _, sigs = corpus
+    labels = np.arange(len(ids)) % 3
+
+    def run():
+        full = sorted((int(a), int(b)) for x, y, _ in lsh_index.candidate_pairs_ooc(sigs, 0.8)
+                      for a, b in zip(x, y))
+        span = list(lsh_index.candidate_pairs_ooc(sigs, 0.8, spanning=True))
+        cross = sorted((int(a), int(b)) for x, y, _ in lsh_index.candidate_pairs_ooc(sigs, 0.8, labels=labels)
+                       for a, b in zip(x, y))
+        return full, _labels(len(ids), span), cross
+
+    want = run()
+    assert len(want[0]) > 100 and want[2]
+    monkeypatch.setattr(lsh_index, "_PAIR_BATCH", 5)
+    assert run() == want
