@@ -177,6 +177,15 @@ def test_a_clean_split_passes_with_nothing_listed():
     assert stamped["contamination_report"][0]["passed"] is True
 
 
+def test_keys_no_item_has_make_no_overlap():
+    """Items whose repo and issue are all empty or missing share no key: nothing overlaps."""
+    items = [{"id": f"i{k}", "prompt_text": f"unrelated text number {k} " + " ".join(f"w{k}x{j}" for j in range(12)),
+              "patch": None, "repo": ["", None][k % 2], "issue_id": None} for k in range(6)]
+    assignments = [{"id": it["id"], "split": ["train", "holdout"][k % 2]} for k, it in enumerate(items)]
+    rep = contamination_report(assignments, items)
+    assert rep["passed"] and rep["pairs"].num_rows == 0 and set(rep["counts"].values()) == {0}
+
+
 def _brute(sigs, rows, labels, threshold=0.8):
     """Every pair of `rows` sharing a band, labelled differently and reaching the threshold."""
     b, r = lsh_index.lsh_params(threshold, sigs.shape[1])
