@@ -177,7 +177,9 @@ def decode_record(raw: Raw, max_bytes: int):
         msg = str(e)
         if too_deep(e):
             raise RecordError("too_deep", f"the record nests deeper than JSON is read here (1024 levels): {msg}") from None
-        if "out of range" in msg:
+        # valid JSON numbers no reader here can hold: msgspec's integers past its limit, orjson's
+        # floats past a double's (1e999, read by some parsers as infinity, which JSON cannot write back)
+        if "out of range" in msg or "is infinity" in msg:
             raise RecordError("out_of_range", f"a number cannot be represented: {msg}") from None
         truncated = "EOF" in msg or "end of" in msg.lower() or "truncated" in msg
         raise RecordError("truncated_json" if truncated else "invalid_json", msg) from None

@@ -35,6 +35,23 @@ def test_deep_nesting_is_too_deep_not_invalid_json(tmp_path, wh):
     assert s.quarantine_reasons == {"too_deep": 4}, s.as_dict()
 
 
+def test_a_number_no_reader_can_hold_is_out_of_range_not_invalid_json(tmp_path, wh):
+    """1e999 and -1e400 are valid JSON past a double's range (orjson refuses them as infinity), and
+    an integer of 5,000 digits is past what the reader holds: the documented `out_of_range`,
+    in a JSONL line and in a JSON document alike; 1.5e308 and a 30-digit integer are kept."""
+    d = tmp_path / "in"
+    d.mkdir()
+    rec = json.dumps({**GOOD, "trajectory_id": "@id", "extra": {"x": "@n"}})
+    lines = [rec.replace("@id", f"n{i}").replace('"@n"', n)
+             for i, n in enumerate(["1e999", "-1e400", "1" + "0" * 5000, "1.5e308", "1" + "0" * 29])]
+    (d / "lines.jsonl").write_text("\n".join(lines) + "\n")
+    (d / "doc.json").write_text(rec.replace("@id", "doc").replace('"@n"', "2e999"))
+    s = ingest([d], wh)
+    assert s.consistent and s.accepted == 2, s.as_dict()
+    assert s.quarantine_reasons == {"out_of_range": 4}, s.as_dict()
+    assert all("a number cannot be represented" in r[2] for r in _quarantine(wh))
+
+
 def test_duplicate_keys_are_quarantined_with_both_values(tmp_path, wh):
     d = tmp_path / "in"
     d.mkdir()
