@@ -35,6 +35,21 @@ def test_deep_nesting_is_too_deep_not_invalid_json(tmp_path, wh):
     assert s.quarantine_reasons == {"too_deep": 4}, s.as_dict()
 
 
+def test_a_record_that_parses_but_is_too_deep_to_normalise_is_too_deep(tmp_path, wh):
+    """Under the reader's 1,024 levels a record still parses, and normalising it can reach
+    Python's recursion limit: `too_deep`, never `unexpected_error`, and the batch goes on."""
+    d = tmp_path / "in"
+    d.mkdir()
+    lines = [json.dumps({**GOOD, "trajectory_id": "e", "extra": {"x": "@"}}).replace('"@"', _deep(990)),
+             json.dumps({**GOOD, "trajectory_id": "m", "messages": [{"role": "user", "content": "@"}]})
+             .replace('"@"', _deep(1010)),
+             json.dumps({**GOOD, "trajectory_id": "ok"})]
+    loads(lines[0].encode())                          # parses: the refusal is normalisation's
+    (d / "lines.jsonl").write_text("\n".join(lines) + "\n")
+    s = ingest([d], wh)
+    assert s.consistent and s.accepted == 1 and s.quarantine_reasons == {"too_deep": 2}, s.as_dict()
+
+
 def test_a_number_no_reader_can_hold_is_out_of_range_not_invalid_json(tmp_path, wh):
     """1e999 and -1e400 are valid JSON past a double's range (orjson refuses them as infinity), and
     an integer of 5,000 digits is past what the reader holds: the documented `out_of_range`,
