@@ -106,13 +106,8 @@ def split_ranges(path: Path, target: int, max_bytes: int, sha=None) -> Iterator[
                 start, start_line = last, cur_line + len(nls)
                 line_start, cur_line = last, cur_line + len(nls)
             pos += n
-    if pos > start:  # a last line without a newline
-        if pos - line_start > max_bytes:
-            if line_start > start:
-                yield "range", start, line_start, start_line
-            yield "long", line_start, pos, cur_line
-        else:
-            yield "range", start, pos, start_line
+    if pos > start:  # a last line without a newline (every range before it ended at a newline)
+        yield ("long" if pos - start > max_bytes else "range"), start, pos, start_line
 
 
 class _Done:
