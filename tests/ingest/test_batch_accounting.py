@@ -147,3 +147,24 @@ def test_records_are_written_in_chunks_bounded_by_rows_and_by_bytes():
     parsed = [SimpleNamespace(payload=b"abcd")] * 10     # parsed records carry their payload
     assert sizes(_chunks(parsed, rows=10, max_bytes=9)) == [3, 3, 3, 1]
     assert list(_chunks([], rows=10, max_bytes=9)) == []
+
+
+def test_quarantine_rows_staged_in_parts_all_reach_the_table_once(wh, tmp_path):
+    """Quarantine rows are staged 1,024 at a time: 2,500 bad lines are 2,500 rows, each line once,
+    and the same file again adds none (each a duplicate)."""
+    d = tmp_path / "in"
+    d.mkdir()
+    good = [json.dumps({"trajectory_id": f"g{i}", "task_id": "t", "messages": [{"role": "user", "content": "x"}]})
+            for i in range(3)]
+    bad = [f'{{"trajectory_id": "b{i}", "messages": [' for i in range(2500)]   # truncated, each its own text
+    (d / "mixed.jsonl").write_text("\n".join(good[:1] + bad[:1500] + good[1:2] + bad[1500:] + good[2:]) + "\n")
+    s = ingest([d], wh)
+    assert (s.read, s.accepted, s.quarantined, s.duplicates) == (2503, 3, 2500, 0), s.as_dict()
+    with wh.connect() as con:
+        n, lines, first, last = con.execute(
+            "SELECT count(*), count(DISTINCT source_line), min(source_line), max(source_line) FROM quarantine").fetchone()
+    assert (n, lines, first, last) == (2500, 2500, 2, 2502)
+    again = ingest([d / "mixed.jsonl"], wh)
+    assert (again.quarantined, again.duplicates) == (0, 2503), again.as_dict()
+    with wh.connect() as con:
+        assert con.execute("SELECT count(*) FROM quarantine").fetchone()[0] == 2500

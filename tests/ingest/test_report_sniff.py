@@ -66,3 +66,15 @@ def test_the_report_limits_are_the_documented_ones(tmp_path):
         f.write_bytes(b'{"astropy__astropy-12907": {' + b" " * pad + b'"resolved": true}}')
         assert f.read_bytes().index(b'"resolved') == at
         assert (ing._report_file(f) is not None) is found, at
+
+
+def test_a_report_cut_short_is_not_a_report_and_its_text_is_quarantined(tmp_path, wh):
+    """A `.json` whose head looks like a report but that does not parse (a copy cut short) is no
+    report: it is read as records, and its text is quarantined with the reason, not lost."""
+    (tmp_path / "in").mkdir()
+    f = tmp_path / "in" / "report.json"
+    f.write_text('{"astropy__astropy-12907": {"patch_exists": true, "resolved": tr')
+    assert ing._looks_like_report(f.read_bytes()) and ing._report_file(f) is None
+    s = ing.ingest([tmp_path / "in"], wh)
+    assert s.consistent and (s.read, s.quarantined, s.reports_joined) == (1, 1, 0), s.as_dict()
+    assert s.quarantine_reasons == {"truncated_json": 1}, s.as_dict()
