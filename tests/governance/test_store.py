@@ -305,3 +305,30 @@ def test_checkpoint_flags_follow_revocation_and_stay_sticky(wh, tmp_path):
         store.replace(con, "consent_grants", [grant])            # un-revoked: the checkpoint stays flagged
         assert checkpoints.flag_checkpoints(con, NOW) == ([], [])
         assert _ids(con, "SELECT checkpoint_id FROM checkpoints WHERE flagged") == ["ck-acme-1"]
+
+
+def test_sft_coverage_is_recorded_per_checkpoint_and_a_rerun_replaces_it(con):
+    """What an SFT checkpoint was offered and trained on, row by row, with the reason a row did
+    not train; the same checkpoint recorded again replaces its rows, another keeps its own, and
+    `v_sft_coverage` sums them per source format."""
+
+    def entry(rid, fmt, trains, reason="", turns=4, trainable=2):
+        return {"record_id": rid, "source_format": fmt, "trains": trains, "reason": reason, "turns": turns,
+                "trainable_turns": trainable if trains else 0}
+
+    first = [entry("r1", "ratchet", True), entry("r2", "swe-agent", True, turns=10, trainable=5),
+             entry("r3", "swe-agent", False, "no assistant turn"), entry("r4", "swe-agent", False, "too long")]
+    assert checkpoints.record_sft_coverage(con, "ck-1", "acme", first, sft_data="all", dagster_run_id="run-1") == 4
+    assert checkpoints.record_sft_coverage(con, "ck-2", "acme", first[:1], sft_data="ratchet") == 1
+    rows = store.fetch(con, "SELECT record_id, trains, reason, sft_data, dagster_run_id FROM sft_coverage "
+                            "WHERE checkpoint_id = 'ck-1' ORDER BY record_id")
+    assert [(r["record_id"], r["trains"], r["reason"]) for r in rows] == [
+        ("r1", True, None), ("r2", True, None), ("r3", False, "no assistant turn"), ("r4", False, "too long")]
+    assert {(r["sft_data"], r["dagster_run_id"]) for r in rows} == {("all", "run-1")}
+    view = store.fetch(con, "SELECT * FROM v_sft_coverage WHERE checkpoint_id = 'ck-1' ORDER BY source_format")
+    assert [(v["source_format"], v["trajectories"], v["trained"], v["not_trained"], v["reasons"], v["trainable_turns"],
+             v["turns"]) for v in view] == [("ratchet", 1, 1, 0, None, 2, 4),
+                                            ("swe-agent", 3, 1, 2, ["no assistant turn", "too long"], 5, 18)]
+    # recorded again (a re-run of the same checkpoint): its rows are replaced, ck-2's are kept
+    assert checkpoints.record_sft_coverage(con, "ck-1", "acme", first[:2], sft_data="all") == 2
+    assert _ids(con, "SELECT checkpoint_id || ':' || record_id FROM sft_coverage ORDER BY 1") == ["ck-1:r1", "ck-1:r2", "ck-2:r1"]
