@@ -332,10 +332,13 @@ def test_releasing_any_byte_range_of_mapped_signatures_keeps_them_intact(monkeyp
     assert np.array_equal(data.sigs, want)
 
 
-def test_key_groups_that_straddle_reader_batches_give_the_same_pairs(corpus, monkeypatch):
+@pytest.mark.parametrize("knob,value", [("_PAIR_BATCH", 5), ("_WINDOW_BYTES", 1024)])
+def test_key_groups_that_straddle_reader_batches_give_the_same_pairs(corpus, monkeypatch, knob, value):
     """DuckDB hands the sorted band keys over in batches of `_PAIR_BATCH` rows, and a key group
     cut by a batch's end is held back and joined to the next batch. With batches of a few rows
-    (most groups cut) the pairs, the components and the cross-label pairs are those of one batch."""
+    (most groups cut) the pairs, the components and the cross-label pairs are those of one batch.
+    Likewise when no group's signatures fit a window (`_WINDOW_BYTES`: each check then gathers
+    its own rows instead of the group's)."""
     ids, _, sigs = corpus
     labels = np.arange(len(ids)) % 3
 
@@ -349,5 +352,5 @@ def test_key_groups_that_straddle_reader_batches_give_the_same_pairs(corpus, mon
 
     want = run()
     assert len(want[0]) > 100 and want[2]
-    monkeypatch.setattr(lsh_index, "_PAIR_BATCH", 5)
+    monkeypatch.setattr(lsh_index, knob, value)
     assert run() == want
