@@ -186,3 +186,15 @@ def test_the_reported_hash_implementation_is_the_one_in_use():
     else:
         assert minhash.HASH_BACKEND == "c"
         assert minhash.HASH_IMPL == f"c/{minhash._sha1batch.IMPL}" and minhash._sha1batch.IMPL in ("sha-ni", "portable")
+
+
+def test_shingle_views_are_valid_arrow_with_zero_padded_inline_values():
+    """The DuckDB path hands DuckDB a string_view array built by hand: it must be valid Arrow
+    (an inline value of 12 bytes or fewer is zero padded, which comparisons of views rely on) and
+    hold exactly the reference shingles, short, 12-byte and long alike."""
+    texts = ["a b c d e f g", "hello world foo bar baz qux", "abcde fghijk lmnopqrstuvwxyz", "x", "twelve bytes"]
+    for k in (1, 2, 5):
+        arr, counts = minhash._chunk_shingles([normalise(t) for t in texts], k)
+        arr.validate(full=True)
+        assert arr.to_pylist() == [s for t in texts for s in shingles(t, k)]
+        assert counts.tolist() == [len(shingles(t, k)) for t in texts]
