@@ -198,3 +198,17 @@ def test_shingle_views_are_valid_arrow_with_zero_padded_inline_values():
         arr.validate(full=True)
         assert arr.to_pylist() == [s for t in texts for s in shingles(t, k)]
         assert counts.tolist() == [len(shingles(t, k)) for t in texts]
+
+
+@pytest.mark.parametrize("backend", ["c", "duckdb"])
+def test_a_chunk_of_texts_without_shingles_gets_the_empty_signature_on_both_backends(backend):
+    """A chunk holding only empty or blank texts (no shingle to hash) gives each text the
+    empty-set signature, as datasketch does, on either hash backend, beside chunks that have text."""
+    if backend == "c" and minhash._sha1batch is None:
+        pytest.skip("the C extension did not build here")
+    texts = ["", None, "   ", "\n", "some words to shingle here and there"]
+    got = signatures(texts, backend=backend, chunk_docs=2)
+    for i, t in enumerate(texts):
+        m = MinHash(num_perm=128, seed=1)
+        m.update_batch([s.encode("utf-8") for s in shingles(t)])
+        assert np.array_equal(got[i], m.hashvalues), (backend, i)
