@@ -168,3 +168,19 @@ def test_quarantine_rows_staged_in_parts_all_reach_the_table_once(wh, tmp_path):
     assert (again.quarantined, again.duplicates) == (0, 2503), again.as_dict()
     with wh.connect() as con:
         assert con.execute("SELECT count(*) FROM quarantine").fetchone()[0] == 2500
+
+
+def test_an_error_before_any_record_is_read_is_raised_as_itself_and_commits_nothing(wh, tmp_path, monkeypatch):
+    """An ingest that fails early (here: while gathering SWE-bench reports) raises that error, not
+    one from its clean-up, leaves no staging folder and records no batch."""
+    d = _inbox(tmp_path)
+
+    def broken(files):
+        raise OSError("the reports' disk went away")
+    monkeypatch.setattr(ingest_mod, "_collect_reports", broken)
+    with pytest.raises(OSError, match="the reports' disk went away"):
+        ingest([d], wh)
+    assert not list(wh.trajectory_dir.glob(".staging-*"))
+    with wh.connect() as con:
+        assert con.execute("SELECT count(*) FROM ingest_batches").fetchone()[0] == 0
+        assert con.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 0
