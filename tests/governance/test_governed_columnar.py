@@ -125,3 +125,15 @@ def test_no_items():
     t = governed_split_table(_table([]), {"train": 1, "val": 1, "holdout": 1})
     assert t.num_rows == 0 and t.column_names == ["id", "kind", "source_id", "cluster_id", "slice", "split", "reason",
                                                   "tenant_id"]
+
+
+def test_a_table_without_its_optional_columns_splits_as_if_they_were_empty():
+    """`slice` and `tenant_id` are optional: a table without them splits as one whose columns are
+    all null (the rows' version reads a missing key as None)."""
+    rng = random.Random(11)
+    for _ in range(20):
+        items, kw = _case(rng)
+        bare = [{**i, "slice": None, "tenant_id": None} for i in items]
+        want = _reference(bare, **kw)
+        table = _table(bare).drop_columns(["slice", "tenant_id"])
+        assert governed_split_table(table, **kw).to_pylist() == want
