@@ -284,3 +284,37 @@ def test_unlock_and_restore_need_a_real_reason_and_actor(locked, reason, actor):
     with pytest.raises(ManifestError, match="needs a non-empty --reason and --actor"):
         holdout.restore_holdout(con, path, reason=reason, actor=actor)
     assert [r["event"] for r in _log(con)] == ["lock"] and not path.exists()
+
+
+def test_an_older_version_of_the_file_put_back_is_refused_even_with_the_same_tasks(locked):
+    """Unlocked and locked again with the same tasks: version 2 has version 1's sha256, so only the
+    version tells the files apart; the old file copied back is refused by its version."""
+    con, path, m = locked
+    v1 = path.read_text()
+    holdout.unlock_holdout(con, path, reason="re-draw", actor="alice")
+    event, m2, _ = holdout.lock_or_verify(con, path, HELD, SUITE, actor="next-run")
+    assert (event, m2.version, m2.sha256) == ("locked", 2, m.sha256)
+    path.write_text(v1)
+    with pytest.raises(ManifestError, match="is version 1, the warehouse recorded 2"):
+        holdout.holdout_state(con, path)
+
+
+def test_the_first_lock_of_an_empty_holdout_is_refused(wh, home):
+    path = home.root / "holdout_manifest.json"
+    with wh.connect() as con:
+        with pytest.raises(ManifestError, match="refusing to lock an empty holdout"):
+            holdout.lock_or_verify(con, path, [], SUITE, actor="first-run")
+        assert _log(con) == [] and not path.exists()
+
+
+def test_unlock_needs_a_manifest_and_adopts_a_file_the_warehouse_never_saw(wh, home):
+    from ratchet.governance.manifest import create_manifest, save_manifest
+
+    path = home.root / "holdout_manifest.json"
+    with wh.connect() as con:
+        with pytest.raises(ManifestError, match="nothing to unlock"):
+            holdout.unlock_holdout(con, path, reason="grow it", actor="alice")
+        save_manifest(create_manifest(HELD, locked_by="elsewhere"), path)   # copied in from another warehouse
+        m, _ = holdout.unlock_holdout(con, path, reason="grow it", actor="alice")
+        assert not m.locked and [r["event"] for r in _log(con)] == ["adopt", "unlock"]
+        assert not holdout.holdout_state(con, path).locked

@@ -70,3 +70,23 @@ def test_cli_restores_a_deleted_manifest(home, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["event"] == "restore"
     assert main(["--home", str(home.root), "holdout", "show", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["sha256"] == m.sha256
+
+
+def test_a_restore_refuses_rows_that_are_gone_or_edited(con, home):
+    """The warehouse's rows are the only source a restore may use, and only while they hash to
+    the recorded sha256: with no rows of the locked version, or edited ones, nothing is written."""
+    path = home.root / "holdout_manifest.json"
+    m = holdout.lock_holdout(con, path, ["a", "b", "c"], locked_by="test")
+    path.unlink()
+    from ratchet.governance.manifest import holdout_sha256
+
+    # rows rewritten to another holdout that is consistent with itself: only the log's hash tells
+    con.execute("UPDATE holdout_manifest SET task_id = 'x' WHERE task_id = 'c'")
+    con.execute("UPDATE holdout_manifest SET manifest_sha256 = ?", [holdout_sha256(["a", "b", "x"])])
+    with pytest.raises(ManifestError, match="rows differ from the sha256 recorded"):
+        holdout.restore_holdout(con, path, reason="deleted by mistake", actor="alice")
+    assert not path.exists()
+    con.execute("DELETE FROM holdout_manifest")
+    with pytest.raises(ManifestError, match=f"no rows of the recorded version {m.version}"):
+        holdout.restore_holdout(con, path, reason="deleted by mistake", actor="alice")
+    assert not path.exists()
