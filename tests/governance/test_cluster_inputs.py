@@ -101,3 +101,12 @@ def test_edge_ends_are_four_byte_indexes_into_the_sorted_ids():
         assert edges.schema.field(end).type == pa.dictionary(pa.int32(), pa.string())
     pairs = {tuple(sorted((r["a"], r["b"]))) for r in edges.to_pylist() if r["reason"] == "minhash"}
     assert tuple(sorted((rows[0]["id"], "twin"))) in pairs
+
+
+def test_cluster_sizes_fall_in_the_documented_buckets():
+    """The dedup chart's buckets (1, 2, 3-5, 6-10, 11-50, 51-200, >200), each edge in its own."""
+    from ratchet.governance.items import size_histogram
+
+    got = size_histogram([1, 2, 3, 5, 6, 10, 11, 50, 51, 200, 201, 10_000])
+    assert got == {"1": 1, "2": 1, "3-5": 2, "6-10": 2, "11-50": 2, "51-200": 2, ">200": 2}
+    assert size_histogram([]) == dict.fromkeys(got, 0)

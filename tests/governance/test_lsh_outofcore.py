@@ -354,3 +354,11 @@ def test_key_groups_that_straddle_reader_batches_give_the_same_pairs(corpus, mon
     assert len(want[0]) > 100 and want[2]
     monkeypatch.setattr(lsh_index, knob, value)
     assert run() == want
+
+
+def test_fewer_than_two_rows_have_no_pairs(corpus):
+    _, _, sigs = corpus
+    for rows in (np.array([], np.int64), np.array([7])):
+        assert list(lsh_index.candidate_pairs_ooc(sigs, 0.8, rows=rows)) == []
+    assert list(lsh_index.candidate_pairs_ooc(sigs[:1], 0.8, spanning=True)) == []
+    assert list(lsh_index.candidate_pairs_ooc(sigs[:0], 0.8)) == []
