@@ -687,6 +687,32 @@ def stale_judgments(path: Path, root: Path) -> list[str]:
     return out
 
 
+def mark_unrun(res: dict, caches: list[Path]) -> dict:
+    """Survivors whose line no test runs get `no_test` (a hole in what the tests run, not in what
+    they check), read from the run's test map beside each cache (`.mutmap-<target>.json`, written
+    by `map`) and the run's copy of the file; `no_test` counts them. Without a map, nothing is marked."""
+    import json
+
+    maps = [(c.parent, json.loads(mp.read_text())) for c in caches for mp in sorted(c.parent.glob(".mutmap-*.json"))]
+    for m in res["survivors"]:
+        for root, mapping in maps:
+            f = root / m["file"]
+            if not (m["file"] in mapping["files"] or m["file"] in mapping.get("lines", {})) or not f.exists():
+                continue
+            lines = f.read_text().split("\n")
+            if m.get("text") is not None and 0 < m["line"] <= len(lines):
+                lines[m["line"] - 1] = m["text"]   # a stopped run can leave its last mutant in the copy
+            try:
+                tests = select_tests(mapping, m["file"], m["line"], "\n".join(lines))
+            except SyntaxError:
+                break
+            if tests == []:
+                m["no_test"] = True
+            break
+    res["no_test"] = sum(1 for m in res["survivors"] if m.get("no_test"))
+    return res
+
+
 def mark_judged(res: dict, judged: list[dict]) -> dict:
     """Each survivor judged equivalent gets its reason; `equivalent` counts them, `open` the rest."""
     why = {(e["file"], e["line"], e["index"], e.get("at")): e["why"] for e in judged}
@@ -795,6 +821,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     res["exempt"] = exempt_lines(res["files"], Path(a.root))
     mark_judged(res, load_judged(Path(a.root) / JUDGED_FILE))
+    mark_unrun(res, [Path(c) for c in a.cache])
     now = datetime.now(timezone.utc)
     load = os.getloadavg()
     rec = results.make_record("mutation", [a.label] + ([a.tests] if a.tests else []), res, now, a.wall_s, load, load)

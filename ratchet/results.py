@@ -311,7 +311,7 @@ def _mutation_detail(res: dict) -> list[str]:
                     f"each diff){f'; the first {MAX_SURVIVORS} of {len(open_)}, every one is in mutation.jsonl' if len(open_) > MAX_SURVIVORS else ''}:", ""]
         for m in open_[:MAX_SURVIVORS]:
             code = m["code"].replace("`", "'")
-            out.append(f"- {m['id']}: `{m['file']}:{m['line']}` `{code}`")
+            out.append(f"- {m['id']}: `{m['file']}:{m['line']}` `{code}`{' (no test runs this line)' if m.get('no_test') else ''}")
     if judged:
         out += ["", f"Surviving mutants judged equivalent (no behaviour a user can see changes; "
                     f"`docs/results/mutation-equivalent.json` keeps each mutated line and the reason): {len(judged)}", ""]

@@ -473,6 +473,36 @@ def test_a_survivor_judged_equivalent_is_listed_with_its_reason_and_a_changed_li
                                                               "pkg/m.py: the line 'return 0' is gone from line 7"]
 
 
+def test_a_survivor_no_test_runs_is_marked_from_the_runs_test_map(tmp_path):
+    """The run's test map (beside its cache) says which lines the tests ran: a survivor on a line
+    none ran is marked `no_test` on the page (a hole in what is run, not in what is checked)."""
+    from ratchet import mutation
+
+    run = tmp_path / "mutation"
+    (run / "pkg").mkdir(parents=True)
+    (run / "pkg" / "m.py").write_text("def f(x):\n    return x + 1\n\ndef g():\n    return 0\n")
+    cache = run / ".mutmut-cache"
+    con = _mutmut_cache(cache)
+    con.executescript("""
+        INSERT INTO SourceFile VALUES (1, 'pkg/m.py', 'h');
+        INSERT INTO Line VALUES (1, 1, '    return x + 1', 1), (2, 1, '    return 0', 4);
+        INSERT INTO Mutant VALUES (1, 1, 0, 'h', 'bad_survived'), (2, 2, 0, 'h', 'bad_survived');
+    """)
+    con.commit()
+    con.close()
+    res = mutation.read_cache(cache)
+    assert mutation.mark_unrun(res, [cache])["no_test"] == 0            # no map: nothing is claimed
+    (run / ".mutmap-pkg.json").write_text(json.dumps({
+        "files": {"pkg/m.py": {"f": ["tests/test_m.py::test_f"]}}, "lines": {"pkg/m.py": {"1": [0], "2": [0]}},
+        "test_ids": ["tests/test_m.py::test_f"], "tests": {"tests/test_m.py::test_f": 0.1}, "pytest": []}))
+    res = mutation.mark_unrun(mutation.read_cache(cache), [cache])
+    assert res["no_test"] == 1 and [bool(m.get("no_test")) for m in res["survivors"]] == [False, True]
+    out = tmp_path / "r"
+    assert mutation.main(["--cache", str(cache), "--label", "pkg", "--results-dir", str(out), "--root", str(tmp_path)]) == 0
+    page = (out / "README.md").read_text()
+    assert "- 1: `pkg/m.py:2` `return x + 1`\n" in page and "- 2: `pkg/m.py:5` `return 0` (no test runs this line)" in page
+
+
 def test_every_committed_equivalence_judgment_still_describes_the_code():
     """A judgment whose line changed would no longer apply to any survivor: re-judge it with
     `python -m ratchet.mutation judge` after the next run, or delete its entry."""
