@@ -601,8 +601,9 @@ def show_mutant(cache: Path, mutant_id: int, root: Path) -> str:
 # A survivor that changes no behaviour a user can see (a buffer's size, a sentinel read only as
 # "< 0", an unreachable branch) cannot be killed by a test. Each such judgment is written down
 # with its reason, keyed as mutmut keys a mutant (file, line text, index on the line; and the line
-# number where that text is on several lines of the file) and with the mutated line itself, so the results page separates the survivors that still need a test from
-# those judged equivalent, and a judgment whose line changed is reported stale, not carried over.
+# number where that text is on several lines of the file) and with the mutated line itself, so
+# the results page separates the survivors that still need a test from those judged equivalent,
+# and a judgment whose line changed is reported stale, not carried over.
 
 JUDGED_FILE = "docs/results/mutation-equivalent.json"
 
