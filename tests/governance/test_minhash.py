@@ -212,3 +212,15 @@ def test_a_chunk_of_texts_without_shingles_gets_the_empty_signature_on_both_back
         m = MinHash(num_perm=128, seed=1)
         m.update_batch([s.encode("utf-8") for s in shingles(t)])
         assert np.array_equal(got[i], m.hashvalues), (backend, i)
+
+
+def test_docs_of_thousands_of_shingles_are_hashed_in_whole_doc_blocks():
+    """Blocks hold whole docs up to the block width (the widest doc at least): docs of several
+    thousand shingles each, alone or beside short ones, give datasketch's signatures."""
+    rng = random.Random(4)
+    texts = [" ".join(f"w{rng.randrange(100000)}" for _ in range(n)) for n in (4000, 3500, 5, 4500, 7000, 12)]
+    got = signatures(texts)
+    for i, t in enumerate(texts):
+        m = MinHash(num_perm=128, seed=1)
+        m.update_batch([s.encode("utf-8") for s in shingles(t)])
+        assert np.array_equal(got[i], m.hashvalues), i
