@@ -36,6 +36,7 @@ from ratchet.readers import (
     LINE_FORMATS,
     SkipFile,
     Source,
+    Unreadable,
     _read,
     check_regular,
     discover,
@@ -412,8 +413,18 @@ def _drop_reattributed(wh: Warehouse, writer: BatchWriter, per_file: dict) -> No
 
 
 def _has_predictions(f: Path) -> bool:
-    with open_regular(f) as fh:
-        head = fh.read(4096)
+    """Whether the file's first 4 KiB, decoded (a gzipped or UTF-16 predictions file too), name a
+    SWE-bench prediction: then the reports beside it are looked for."""
+    head = b""
+    try:
+        with Source(f) as src:
+            for b in src.chunks():
+                head += b
+                if len(head) >= 4096:
+                    break
+    except (Unreadable, SkipFile, OSError):
+        return False
+    head = head[:4096]
     return b'"model_patch"' in head and b'"instance_id"' in head
 
 

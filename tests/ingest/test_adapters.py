@@ -69,14 +69,22 @@ def test_atif_parallel_calls_and_token_ids(tmp_path, wh):
     assert str(r.started_at).startswith("2026-11-02 09:00:00") and r.patch == samples.PATCH
 
 
-def test_swebench_predictions_join_reports(tmp_path, wh):
+@pytest.mark.parametrize("packed", ["plain", "gzip", "utf-16"])
+def test_swebench_predictions_join_reports(tmp_path, wh, packed):
+    """Predictions given alone find the reports beside them, whether the predictions file is
+    plain, gzipped or UTF-16 (each is read decoded)."""
+    import gzip
+
     preds, reports = samples.swebench_predictions()
-    (tmp_path / "preds.jsonl").write_text("".join(json.dumps(p) + "\n" for p in preds))
+    text = "".join(json.dumps(p) + "\n" for p in preds)
+    name = {"plain": "preds.jsonl", "gzip": "preds.jsonl.gz", "utf-16": "preds.jsonl"}[packed]
+    data = {"plain": text.encode(), "gzip": gzip.compress(text.encode()), "utf-16": text.encode("utf-16")}[packed]
+    (tmp_path / name).write_bytes(data)
     for inst, rep in reports.items():
         d = tmp_path / "logs" / inst
         d.mkdir(parents=True)
         (d / "report.json").write_text(json.dumps(rep))
-    s = ingest([tmp_path / "preds.jsonl"], wh, )  # reports are found beside the predictions
+    s = ingest([tmp_path / name], wh, )  # reports are found beside the predictions
     assert (s.read, s.accepted, s.reports_joined) == (3, 3, 2)
     df = _rows(wh).set_index("task_id")
     assert bool(df.loc["astropy__astropy-12907"].tests_passed) is True
