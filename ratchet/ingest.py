@@ -115,7 +115,7 @@ def _collect_reports(files: list[tuple[Path, Path]]) -> tuple[dict, set[Path]]:
     reports: dict = {}
     used: set[Path] = set()
     for f, _ in files:
-        entries = _report_file(f) if f.suffix.lower() == ".json" else None
+        entries = _report_file(f) if inner_name(f).lower().endswith(".json") else None
         if entries is not None:
             reports.update(entries)
             used.add(f)
@@ -133,12 +133,23 @@ def _report_file(f: Path) -> dict | None:
     try:
         if check_regular(f).st_size > REPORT_MAX_BYTES:
             return None
-        with open_regular(f) as fh:
-            head = fh.read(REPORT_SNIFF_BYTES)
-            if not _looks_like_report(head):
+        with Source(f) as src:   # decoded: a gzipped or UTF-16 report is a report too
+            got, n = [], 0
+            chunks = src.chunks()
+            for b in chunks:
+                got.append(b)
+                n += len(b)
+                if n >= REPORT_SNIFF_BYTES:
+                    break
+            if not _looks_like_report(b"".join(got)[:REPORT_SNIFF_BYTES]):
                 return None
-            return swebench.report_entries(orjson.loads(head + fh.read()))
-    except (orjson.JSONDecodeError, SkipFile, OSError):
+            for b in chunks:
+                got.append(b)
+                n += len(b)
+                if n > REPORT_MAX_BYTES:   # decoded size too: a small gzip can inflate
+                    return None
+            return swebench.report_entries(orjson.loads(b"".join(got)))
+    except (orjson.JSONDecodeError, Unreadable, SkipFile, OSError):
         return None
 
 

@@ -78,3 +78,29 @@ def test_a_report_cut_short_is_not_a_report_and_its_text_is_quarantined(tmp_path
     s = ing.ingest([tmp_path / "in"], wh)
     assert s.consistent and (s.read, s.quarantined, s.reports_joined) == (1, 1, 0), s.as_dict()
     assert s.quarantine_reasons == {"truncated_json": 1}, s.as_dict()
+
+
+def test_a_compressed_or_utf16_report_is_a_report_and_its_decoded_size_is_bounded(tmp_path, wh):
+    """A report is read decoded, as every other input is: gzipped or UTF-16 it still joins its
+    predictions (it was quarantined as `unknown_format` and the outcome lost); and the 32 MiB
+    bound holds for the decoded text, so a small gzip that inflates past it is not parsed."""
+    import gzip
+
+    report = {"astropy__astropy-12907": {"patch_exists": True, "resolved": True}}
+    text = json.dumps(report)
+    for name, data in (("r16.json", text.encode("utf-16")), ("rgz.json.gz", gzip.compress(text.encode()))):
+        (tmp_path / name).write_bytes(data)
+        assert ing._report_file(tmp_path / name) is not None, name
+    pad = b" " * (32 * MIB)
+    (tmp_path / "big.json.gz").write_bytes(gzip.compress(text.encode()[:-1] + pad + b"}"))
+    assert (tmp_path / "big.json.gz").stat().st_size < MIB
+    assert ing._report_file(tmp_path / "big.json.gz") is None
+
+    for name, data in (("report.json", text.encode("utf-16")), ("report.json.gz", gzip.compress(text.encode()))):
+        d = tmp_path / f"run-{name}"
+        d.mkdir()
+        (d / "preds.jsonl").write_text(json.dumps({"instance_id": "astropy__astropy-12907", "model_name_or_path": "m",
+                                                   "model_patch": "diff --git a/x b/x\n"}) + "\n")
+        (d / name).write_bytes(data)
+        s = ing.ingest([d], wh)
+        assert (s.accepted + s.duplicates, s.quarantined, s.reports_joined) == (1, 0, 1), (name, s.as_dict())
