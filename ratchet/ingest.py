@@ -426,17 +426,25 @@ def _drop_reattributed(wh: Warehouse, writer: BatchWriter, per_file: dict) -> No
 def _has_predictions(f: Path) -> bool:
     """Whether the file's first 4 KiB, decoded (a gzipped or UTF-16 predictions file too), name a
     SWE-bench prediction: then the reports beside it are looked for."""
-    head = b""
+    from ratchet.readers.source import _encoding, sniff
+
+    def named(head: bytes) -> bool:
+        return b'"model_patch"' in head and b'"instance_id"' in head
+
     try:
+        with open_regular(f) as fh:
+            head = fh.read(4096)
+        if sniff(head[:8]) is None and _encoding(head) is None:
+            return named(head)   # plain UTF-8 (most files): the raw head is the decoded one
+        got = b""
         with Source(f) as src:
             for b in src.chunks():
-                head += b
-                if len(head) >= 4096:
+                got += b
+                if len(got) >= 4096:
                     break
     except (Unreadable, SkipFile, OSError):
         return False
-    head = head[:4096]
-    return b'"model_patch"' in head and b'"instance_id"' in head
+    return named(got[:4096])
 
 
 def _file_sha(path: Path) -> str:
