@@ -224,3 +224,12 @@ def test_docs_of_thousands_of_shingles_are_hashed_in_whole_doc_blocks():
         m = MinHash(num_perm=128, seed=1)
         m.update_batch([s.encode("utf-8") for s in shingles(t)])
         assert np.array_equal(got[i], m.hashvalues), i
+
+
+@pytest.mark.parametrize("scheme, dtype", [("affine32", np.uint32), ("legacy", np.uint64), ("affine64", np.uint64)])
+def test_no_texts_give_no_signatures_of_the_schemes_dtype(scheme, dtype):
+    """No texts: a matrix of no rows, num_perm wide, in the dtype the scheme's signatures have
+    (stacked with other chunks' signatures, it must add nothing and change no dtype)."""
+    got = signatures([], num_perm=64, scheme=scheme)
+    assert got.shape == (0, 64) and got.dtype == dtype
+    assert signatures(["some words here"], num_perm=64, scheme=scheme).dtype == dtype
