@@ -233,3 +233,24 @@ def test_no_texts_give_no_signatures_of_the_schemes_dtype(scheme, dtype):
     got = signatures([], num_perm=64, scheme=scheme)
     assert got.shape == (0, 64) and got.dtype == dtype
     assert signatures(["some words here"], num_perm=64, scheme=scheme).dtype == dtype
+
+
+def test_estimated_jaccard_is_datasketchs_row_by_row_and_lsh_pairs_default_to_the_documented_threshold():
+    import inspect
+    from pathlib import Path
+
+    from ratchet.governance.minhash import estimated_jaccard
+
+    texts = ["a b c d e f g h i j", "a b c d e f g h i k", "z y x w v u t s r q"]
+    sig = signatures(texts)
+    ms = []
+    for t in texts:
+        m = MinHash(num_perm=128, seed=1)
+        m.update_batch([s.encode("utf-8") for s in shingles(t)])
+        ms.append(m)
+    assert estimated_jaccard(sig[0], sig[1]) == pytest.approx(ms[0].jaccard(ms[1]))
+    rows = estimated_jaccard(sig[[0, 0, 2]], sig[[1, 0, 0]])
+    assert rows.shape == (3,) and rows.tolist() == pytest.approx([ms[0].jaccard(ms[1]), 1.0, ms[2].jaccard(ms[0])])
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs/governance.md").read_text().split())
+    assert "(`minhash.lsh_pairs`, threshold 0.8 by default)" in doc
+    assert inspect.signature(lsh_pairs).parameters["threshold"].default == 0.8

@@ -184,3 +184,18 @@ def test_an_error_before_any_record_is_read_is_raised_as_itself_and_commits_noth
     with wh.connect() as con:
         assert con.execute("SELECT count(*) FROM ingest_batches").fetchone()[0] == 0
         assert con.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 0
+
+
+def test_a_batch_row_keeps_the_summary_the_ingest_returned_and_its_time(wh, tmp_path):
+    """`ingest_batches.summary` is the JSON of the summary `ingest` returned (what `ratchet ingest`
+    prints), and `seconds` is the call's own duration."""
+    import time
+
+    d = _inbox(tmp_path)
+    t0 = time.perf_counter()
+    s = ingest([d], wh)
+    took = time.perf_counter() - t0
+    assert 0 <= s.seconds <= took
+    with wh.connect() as con:
+        stored = con.execute("SELECT summary, id_clashes FROM ingest_batches WHERE batch_id = ?", [s.batch_id]).fetchone()
+    assert json.loads(stored[0]) == json.loads(json.dumps(s.as_dict())) and stored[1] == s.id_clashes == 0
