@@ -307,17 +307,20 @@ def _mutation_detail(res: dict) -> list[str]:
     open_ = [m for m in surv if not m.get("equivalent")]
     judged = [m for m in surv if m.get("equivalent")]
     if open_:
-        out += ["", f"Surviving mutants no test kills yet (`python -m ratchet.mutation show --cache CACHE ID` prints "
-                    f"each diff){f'; the first {MAX_SURVIVORS} of {len(open_)}, every one is in mutation.jsonl' if len(open_) > MAX_SURVIVORS else ''}:", ""]
+        out += ["", f"Surviving mutants not judged equivalent: each needs a test (the run's verdicts; tests added "
+                    f"after a run started meet its survivors in the next run; `python -m ratchet.mutation show "
+                    f"--cache CACHE ID` prints each diff){f'; the first {MAX_SURVIVORS} of {len(open_)}, every one is in mutation.jsonl' if len(open_) > MAX_SURVIVORS else ''}:", ""]
         for m in open_[:MAX_SURVIVORS]:
             code = m["code"].replace("`", "'")
             out.append(f"- {m['id']}: `{m['file']}:{m['line']}` `{code}`{' (no test runs this line)' if m.get('no_test') else ''}")
     if judged:
         out += ["", f"Surviving mutants judged equivalent (no behaviour a user can see changes; "
                     f"`docs/results/mutation-equivalent.json` keeps each mutated line and the reason): {len(judged)}", ""]
-        for m in judged:
-            code = m["code"].replace("`", "'")
-            out.append(f"- `{m['file']}:{m['line']}` `{code}`: {m['equivalent']}")
+        by_why: dict[str, list[str]] = {}
+        for m in judged:   # one line a reason (the mutated lines are in the judgments file)
+            by_why.setdefault(m["equivalent"], []).append(f"`{m['file'].rsplit('/', 1)[-1]}:{m['line']}`")
+        for why, where in by_why.items():
+            out.append(f"- {why}: {', '.join(dict.fromkeys(where))}")
     exempt = res.get("exempt") or []
     if exempt:
         out += ["", f"Lines not mutated (`# pragma: no mutate`, each with its reason): {len(exempt)}", ""]
