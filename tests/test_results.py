@@ -111,6 +111,22 @@ def _mutmut_cache(path):
     return con
 
 
+def _pkg_run(root, source: str, cache, lines: str, mutants: str):
+    """`root`/pkg/m.py holding `source`, and a mutmut cache at `cache` with the given Line and
+    Mutant rows of that file (SourceFile 1)."""
+    (root / "pkg").mkdir(parents=True, exist_ok=True)
+    (root / "pkg" / "m.py").write_text(source)
+    con = _mutmut_cache(cache)
+    con.executescript(f"""
+        INSERT INTO SourceFile VALUES (1, 'pkg/m.py', 'h');
+        INSERT INTO Line VALUES {lines};
+        INSERT INTO Mutant VALUES {mutants};
+    """)
+    con.commit()
+    con.close()
+    return cache
+
+
 def test_mutation_results_come_from_mutmuts_cache(tmp_path):
     """`make mutation` records what mutmut's cache says: counts per file and every survivor with
     its source line (mutmut numbers lines from 0)."""
@@ -388,17 +404,8 @@ def test_show_prints_a_mutants_diff_from_the_unmutated_copy_and_never_writes_the
     from ratchet import mutation
 
     root = tmp_path / "repo"
-    (root / "pkg").mkdir(parents=True)
-    (root / "pkg" / "m.py").write_text("def f(x):\n    return x + 1\n")
-    cache = tmp_path / ".mutmut-cache"
-    con = _mutmut_cache(cache)
-    con.executescript("""
-        INSERT INTO SourceFile VALUES (1, 'pkg/m.py', 'h');
-        INSERT INTO Line VALUES (1, 1, 'def f(x):', 0), (2, 1, '    return x + 1', 1);
-        INSERT INTO Mutant VALUES (1, 2, 0, 'h', 'bad_survived');
-    """)
-    con.commit()
-    con.close()
+    cache = _pkg_run(root, "def f(x):\n    return x + 1\n", tmp_path / ".mutmut-cache",
+                     "(1, 1, 'def f(x):', 0), (2, 1, '    return x + 1', 1)", "(1, 2, 0, 'h', 'bad_survived')")
     before = hashlib.sha256(cache.read_bytes()).hexdigest()
     out = mutation.show_mutant(cache, 1, root)
     assert out.startswith("# mutant 1: bad_survived")
@@ -422,20 +429,12 @@ def test_a_survivor_judged_equivalent_is_listed_with_its_reason_and_a_changed_li
     from ratchet import mutation
 
     root = tmp_path / "repo"
-    (root / "pkg").mkdir(parents=True)
     src = "BUF = 4096\n\ndef f(x):\n    return x + 1\n\ndef g():\n    return 0\n\ndef h():\n    return 0\n"
-    (root / "pkg" / "m.py").write_text(src)
-    cache = tmp_path / ".mutmut-cache"
-    con = _mutmut_cache(cache)
-    con.executescript("""
-        INSERT INTO SourceFile VALUES (1, 'pkg/m.py', 'h');
-        INSERT INTO Line VALUES (1, 1, 'BUF = 4096', 0), (2, 1, '    return x + 1', 3), (3, 1, '    return 0', 6),
-                                (4, 1, '    return 0', 9);
-        INSERT INTO Mutant VALUES (1, 1, 0, 'h', 'bad_survived'), (2, 2, 0, 'h', 'bad_survived'),
-                                  (3, 2, 1, 'h', 'ok_killed'), (4, 3, 0, 'h', 'bad_survived'), (5, 4, 0, 'h', 'bad_survived');
-    """)
-    con.commit()
-    con.close()
+    cache = _pkg_run(root, src, tmp_path / ".mutmut-cache",
+                     "(1, 1, 'BUF = 4096', 0), (2, 1, '    return x + 1', 3), (3, 1, '    return 0', 6), "
+                     "(4, 1, '    return 0', 9)",
+                     "(1, 1, 0, 'h', 'bad_survived'), (2, 2, 0, 'h', 'bad_survived'), (3, 2, 1, 'h', 'ok_killed'), "
+                     "(4, 3, 0, 'h', 'bad_survived'), (5, 4, 0, 'h', 'bad_survived')")
     judged = root / mutation.JUDGED_FILE
     assert mutation.main(["judge", "--cache", str(cache), "--root", str(root), "--file", str(judged), "--why",
                           "a buffer size: any value reads the same bytes", "1"]) == 0
@@ -479,17 +478,9 @@ def test_a_survivor_no_test_runs_is_marked_from_the_runs_test_map(tmp_path):
     from ratchet import mutation
 
     run = tmp_path / "mutation"
-    (run / "pkg").mkdir(parents=True)
-    (run / "pkg" / "m.py").write_text("def f(x):\n    return x + 1\n\ndef g():\n    return 0\n")
-    cache = run / ".mutmut-cache"
-    con = _mutmut_cache(cache)
-    con.executescript("""
-        INSERT INTO SourceFile VALUES (1, 'pkg/m.py', 'h');
-        INSERT INTO Line VALUES (1, 1, '    return x + 1', 1), (2, 1, '    return 0', 4);
-        INSERT INTO Mutant VALUES (1, 1, 0, 'h', 'bad_survived'), (2, 2, 0, 'h', 'bad_survived');
-    """)
-    con.commit()
-    con.close()
+    cache = _pkg_run(run, "def f(x):\n    return x + 1\n\ndef g():\n    return 0\n", run / ".mutmut-cache",
+                     "(1, 1, '    return x + 1', 1), (2, 1, '    return 0', 4)",
+                     "(1, 1, 0, 'h', 'bad_survived'), (2, 2, 0, 'h', 'bad_survived')")
     res = mutation.read_cache(cache)
     assert mutation.mark_unrun(res, [cache])["no_test"] == 0            # no map: nothing is claimed
     (run / ".mutmap-pkg.json").write_text(json.dumps({
