@@ -149,8 +149,13 @@ import os, time
 durations = {}
 
 def pytest_runtest_protocol(item, nextitem):
+    import sys
     import sitecustomize
     os.environ["RATCHET_MUTMAP_TEST"] = sitecustomize._cur[0] = item.nodeid.split("[", 1)[0]
+    # CPython drops a trace function that raises (a RecursionError deep in a test's stack): armed
+    # again here, a test of code nested too deep costs only its own remaining lines
+    if sys.gettrace() is not sitecustomize._trace:
+        sys.settrace(sitecustomize._trace)
 
 def pytest_runtest_logreport(report):
     key = report.nodeid.split("[", 1)[0]

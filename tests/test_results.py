@@ -396,6 +396,24 @@ def test_a_mutant_runs_only_the_tests_that_ran_its_statement(tmp_path):
     assert sorted(mutation.select_tests(calls_only, "m.py", 3, source)) == sorted([pos, neg])
 
 
+def test_a_test_that_exhausts_the_stack_does_not_end_the_mapping_of_later_tests(tmp_path):
+    """CPython drops a trace function that fails (a RecursionError raised while calling it): one
+    test of code nested too deep left every later test of the run unmapped, and their mutants
+    survived without a test run. The tracer is armed again before each test."""
+    from ratchet import mutation
+
+    source = "def f(x):\n    return x + 1\n\n\ndef deep(n):\n    return deep(n + 1)\n"
+    (tmp_path / "m.py").write_text(source)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a_deep.py").write_text(
+        "import pytest\nfrom m import deep\n\ndef test_deep():\n"
+        "    with pytest.raises(RecursionError):\n        deep(0)\n")
+    (tmp_path / "tests" / "test_b_later.py").write_text("from m import f\n\ndef test_later():\n    assert f(1) == 2\n")
+    mapping = mutation.build_map(["m.py"], ["-q", "-p", "no:cacheprovider", "tests"], tmp_path / "map.json", tmp_path)
+    assert mutation.select_tests(mapping, "m.py", 2, source) == ["tests/test_b_later.py::test_later"]
+    assert mutation.select_tests(mapping, "m.py", 6, source) == ["tests/test_a_deep.py::test_deep"]
+
+
 def test_show_prints_a_mutants_diff_from_the_unmutated_copy_and_never_writes_the_cache(tmp_path):
     """`mutmut show` during a run re-aligned the cache with the file holding the mutant under test,
     and the run stopped; `ratchet.mutation show` reads the cache only, and the file from --root."""
