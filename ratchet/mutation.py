@@ -145,26 +145,35 @@ if _out:
 '''
 
 _PLUGIN = r'''
-import os, time
+import os, sys, time
 durations = {}
+untraced = set()
 
 def pytest_runtest_protocol(item, nextitem):
-    import sys
     import sitecustomize
     os.environ["RATCHET_MUTMAP_TEST"] = sitecustomize._cur[0] = item.nodeid.split("[", 1)[0]
-    # CPython drops a trace function that raises (a RecursionError deep in a test's stack): armed
-    # again here, a test of code nested too deep costs only its own remaining lines
+    _arm(None)
+
+def _arm(test):
+    # CPython drops a trace function that raises (a RecursionError deep in a test's stack): the
+    # test it happened in is recorded (its later lines went unseen) and the tracer armed again
+    import sitecustomize
     if sys.gettrace() is not sitecustomize._trace:
+        if test is not None:
+            untraced.add(test)
         sys.settrace(sitecustomize._trace)
 
 def pytest_runtest_logreport(report):
     key = report.nodeid.split("[", 1)[0]
     durations[key] = durations.get(key, 0.0) + report.duration
+    _arm(key)
 
 def pytest_sessionfinish(session, exitstatus):
     import json
     with open(os.path.join(os.environ["RATCHET_MUTMAP_OUT"], "durations.json"), "w") as f:
         json.dump(durations, f)
+    with open(os.path.join(os.environ["RATCHET_MUTMAP_OUT"], "untraced.json"), "w") as f:
+        json.dump(sorted(untraced), f)
 '''
 
 
@@ -196,6 +205,7 @@ def build_map(paths: list[str], pytest_argv: list[str], out: Path, root: Path) -
         if rc != 0:
             raise RuntimeError(f"the target's tests fail before any mutation (exit {rc}): {' '.join(cmd)}")
         durations = json.loads((Path(tmp) / "durations.json").read_text())
+        untraced = json.loads((Path(tmp) / "untraced.json").read_text())
         calls: dict[str, dict[str, set]] = {}
         for tsv in Path(tmp).glob("calls-*.tsv"):
             for row in tsv.read_text().splitlines():
@@ -216,6 +226,9 @@ def build_map(paths: list[str], pytest_argv: list[str], out: Path, root: Path) -
                # which tests ran each line (indices into test_ids): a mutant of a branch few tests
                # take runs those few, not every test of its function
                "test_ids": order,
+               # tests whose tracer CPython dropped part way (stack exhausted): what they ran after
+               # is unknown, so every mutant of a function body runs them too
+               "untraced": untraced,
                "lines": {f: {str(n): sorted(v) for n, v in sorted(ls.items())} for f, ls in lines.items()}}
     out.write_text(json.dumps(mapping, indent=1, sort_keys=True))
     return mapping
@@ -314,7 +327,8 @@ def select_tests(mapping: dict, filename: str, line: int, source: str) -> list[s
     the file, and every test in a test file that names what the line defines (a query string a
     test runs itself calls nothing of the file: a mutant of it survived unrun); None (the target's
     whole runner) when that finds none: a module only other modules read (a table of schemas
-    read through a registry) is still imported by the tests, so its mutant must run them."""
+    read through a registry) is still imported by the tests, so its mutant must run them. A
+    test whose tracer was dropped part way (the map's "untraced") joins every function body's."""
     import re
 
     funcs = mapping["files"].get(filename, {})
@@ -325,6 +339,8 @@ def select_tests(mapping: dict, filename: str, line: int, source: str) -> list[s
         tests = {ids[i] for n in range(first, last + 1) for i in ran.get(str(n), ())}
     elif in_function:
         tests = set(funcs.get(key, ()))
+    if in_function:
+        tests |= set(mapping.get("untraced", ()))
     else:
         tests = {t for ts in funcs.values() for t in ts}
         names = _names_defined_at(source, line)
