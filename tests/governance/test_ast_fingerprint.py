@@ -144,3 +144,19 @@ def test_code_that_parses_but_nests_too_deep_to_walk_falls_back_to_tokens():
     assert [f.kind for f in parsed] == ["function"]
     assert collide(fps[0], parsed[0]) is None and collide(parsed[0], fps[0]) is None
     assert collide(fps[0], fingerprint_code(deep)[0]) == ("skeleton", 1.0)   # two copies of it still join
+
+
+def test_fingerprints_of_different_kinds_never_collide():
+    """A token-shingle fingerprint (code that does not parse) and a parsed one never collide, even
+    with equal hashes: their hashes are of different things."""
+    from ratchet.governance.ast_fingerprint import MIN_SKELETON_NODES, Fingerprint
+
+    shapes = frozenset({"x", "y"})
+    parsed = Fingerprint("f", "function", "s", shapes, MIN_SKELETON_NODES)
+    tokens = Fingerprint("<tokens>", "tokens", "s", shapes, MIN_SKELETON_NODES)
+    assert collide(parsed, parsed) == ("skeleton", 1.0) and collide(tokens, tokens) == ("skeleton", 1.0)
+    assert collide(parsed, tokens) is None and collide(tokens, parsed) is None
+    module = Fingerprint("<module>", "module", "s", shapes, MIN_SKELETON_NODES)
+    assert collide(parsed, module) == ("skeleton", 1.0)   # a module and a function are both parsed code
+    broken = fingerprint_code("def f(:\n    return 1 +")[0]
+    assert broken.kind == "tokens" and collide(broken, fingerprint_code("def f(a):\n    return a + 1\n")[0]) is None

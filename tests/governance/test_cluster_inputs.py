@@ -110,3 +110,9 @@ def test_cluster_sizes_fall_in_the_documented_buckets():
     got = size_histogram([1, 2, 3, 5, 6, 10, 11, 50, 51, 200, 201, 10_000])
     assert got == {"1": 1, "2": 1, "3-5": 2, "6-10": 2, "11-50": 2, "51-200": 2, ">200": 2}
     assert size_histogram([]) == dict.fromkeys(got, 0)
+
+
+def test_a_folder_without_parquet_files_is_refused_by_name(tmp_path):
+    (tmp_path / "items.csv").write_text("id,text\n1,a\n")
+    with pytest.raises(ValueError, match=f"no Parquet files in {tmp_path}"):
+        build_clusters(tmp_path, id_col="id", text_col="text", code_cols=())

@@ -254,3 +254,21 @@ def test_estimated_jaccard_is_datasketchs_row_by_row_and_lsh_pairs_default_to_th
     doc = " ".join((Path(__file__).resolve().parents[2] / "docs/governance.md").read_text().split())
     assert "(`minhash.lsh_pairs`, threshold 0.8 by default)" in doc
     assert inspect.signature(lsh_pairs).parameters["threshold"].default == 0.8
+
+
+def test_an_unknown_scheme_or_backend_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown MinHash scheme 'affine16'"):
+        signatures(["a b c"], scheme="affine16")
+    with pytest.raises(ValueError, match="unknown hash backend 'gpu'"):
+        signatures(["a b c"], backend="gpu")
+    with pytest.raises(ValueError, match="unknown LSH backend 'redis'"):
+        lsh_pairs(["a", "b"], signatures(["a b c", "a b c"]), backend="redis")
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "memory"])
+def test_fewer_than_two_texts_have_no_pairs_on_either_lsh_backend(backend):
+    for ids in ([], ["only"]):
+        sig = signatures(["the same words again"] * len(ids), num_perm=64)
+        assert lsh_pairs(ids, sig, backend=backend) == []
+    # and two copies of one text are a pair on both
+    assert lsh_pairs(["a", "b"], signatures(["the same words again"] * 2, num_perm=64), backend=backend) == [("a", "b", 1.0)]

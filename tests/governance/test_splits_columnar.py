@@ -162,7 +162,8 @@ def test_arrow_inputs_of_every_shape_match():
                   .set_column(1, "cluster_id", t.column("cluster_id").dictionary_encode()),
                  t.set_column(1, "cluster_id", pa.array([i % 7 for i in range(60)])),  # non-string cluster ids
                  t.set_column(2, "slice", pa.array([i % 3 for i in range(60)])),        # non-string slices
-                 t.drop_columns(["slice"]), t.slice(0, 0), t.drop_columns(["slice"]).slice(0, 0)):
+                 t.drop_columns(["slice"]), t.slice(0, 0), t.drop_columns(["slice"]).slice(0, 0),
+                 t.to_pandas()):                                                         # a DataFrame
         _same(data, manifest=m, previous={"t1": "val", "t2": "holdout"})
         _same(data, seed=3)
 

@@ -123,3 +123,32 @@ def test_hidden_files_and_folders_get_a_skipped_row(tmp_path, wh):
     named = ingest([d / "sub" / ".draft.jsonl"], wh)       # given by name: read
     assert named.accepted == 1 and named.skipped == 0
     assert orjson.loads(orjson.dumps(s.skipped_files))[0]["reason_code"] == "hidden_folder"
+
+
+def test_files_concatenated_with_their_byte_order_marks_keep_every_record(tmp_path, wh):
+    """`cat a.jsonl b.jsonl` of two files saved with a UTF-8 BOM puts a BOM at the start of a
+    line in the middle: that line is a record like any other."""
+    d = tmp_path / "in"
+    d.mkdir()
+    bom = b"\xef\xbb\xbf"
+    (d / "cat.jsonl").write_bytes(b"".join(bom + json.dumps({**GOOD, "trajectory_id": t}).encode() + b"\n"
+                                           for t in ("a", "b", "c")))
+    s = ingest([d], wh)
+    assert s.consistent and (s.read, s.accepted) == (3, 3), s.as_dict()
+
+
+def test_a_document_or_array_element_over_the_record_limit_is_record_too_large(tmp_path, wh):
+    """A JSON document is read whole (up to 4x the limit): a record in it larger than
+    max_record_mb is `record_too_large`, with the size and the limit named; its small neighbours
+    in the same array are kept."""
+    from ratchet.ingest import IngestOptions
+
+    d = tmp_path / "in"
+    d.mkdir()
+    big = {**GOOD, "trajectory_id": "big", "extra": {"blob": "x" * (3 << 19)}}   # 1.5 MiB
+    (d / "doc.json").write_text(json.dumps(big))
+    (d / "arr.json").write_text(json.dumps([{**GOOD, "trajectory_id": "small"}, {**big, "trajectory_id": "big2"}]))
+    s = ingest([d], wh, IngestOptions(max_record_mb=1))
+    assert s.consistent and s.accepted == 1 and s.quarantine_reasons == {"record_too_large": 2}, s.as_dict()
+    reasons = {r[1]: r[2] for r in _quarantine(wh)}
+    assert reasons[2] == "1.5 MiB exceeds the 1 MiB limit (raise max_record_mb to accept it)", reasons
