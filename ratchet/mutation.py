@@ -140,40 +140,53 @@ if _out:
             return _line
         return None
 
+    # CPython drops a trace function that raises (a RecursionError deep in a test's stack); the
+    # test it happened in is written down (its later lines went unseen) and the tracer armed again:
+    # before each test (the plugin), when a thread ends and when a process exits
+    _ufile = open(os.path.join(_out, "untraced-%d.tsv" % os.getpid()), "a", buffering=1)
+
+    def _check(test=None):
+        if sys.gettrace() is not _trace:
+            if test is None:
+                test = _cur[0]
+            if test:
+                _ufile.write(test + "\n")
+            sys.settrace(_trace)
+
+    _thread_run = threading.Thread.run
+
+    def _run(self):
+        try:
+            _thread_run(self)
+        finally:
+            _check()
+
+    threading.Thread.run = _run
+    import atexit
+    atexit.register(_check)
     sys.settrace(_trace)
     threading.settrace(_trace)
 '''
 
 _PLUGIN = r'''
-import os, sys, time
+import os, time
 durations = {}
-untraced = set()
 
 def pytest_runtest_protocol(item, nextitem):
     import sitecustomize
     os.environ["RATCHET_MUTMAP_TEST"] = sitecustomize._cur[0] = item.nodeid.split("[", 1)[0]
-    _arm(None)
-
-def _arm(test):
-    # CPython drops a trace function that raises (a RecursionError deep in a test's stack): the
-    # test it happened in is recorded (its later lines went unseen) and the tracer armed again
-    import sitecustomize
-    if sys.gettrace() is not sitecustomize._trace:
-        if test is not None:
-            untraced.add(test)
-        sys.settrace(sitecustomize._trace)
+    sitecustomize._check("")
 
 def pytest_runtest_logreport(report):
+    import sitecustomize
     key = report.nodeid.split("[", 1)[0]
     durations[key] = durations.get(key, 0.0) + report.duration
-    _arm(key)
+    sitecustomize._check(key)
 
 def pytest_sessionfinish(session, exitstatus):
     import json
     with open(os.path.join(os.environ["RATCHET_MUTMAP_OUT"], "durations.json"), "w") as f:
         json.dump(durations, f)
-    with open(os.path.join(os.environ["RATCHET_MUTMAP_OUT"], "untraced.json"), "w") as f:
-        json.dump(sorted(untraced), f)
 '''
 
 
@@ -205,7 +218,7 @@ def build_map(paths: list[str], pytest_argv: list[str], out: Path, root: Path) -
         if rc != 0:
             raise RuntimeError(f"the target's tests fail before any mutation (exit {rc}): {' '.join(cmd)}")
         durations = json.loads((Path(tmp) / "durations.json").read_text())
-        untraced = json.loads((Path(tmp) / "untraced.json").read_text())
+        untraced = sorted({t for f in Path(tmp).glob("untraced-*.tsv") for t in f.read_text().splitlines() if t})
         calls: dict[str, dict[str, set]] = {}
         for tsv in Path(tmp).glob("calls-*.tsv"):
             for row in tsv.read_text().splitlines():

@@ -399,8 +399,9 @@ def test_a_mutant_runs_only_the_tests_that_ran_its_statement(tmp_path):
 def test_a_test_that_exhausts_the_stack_does_not_end_the_mapping_of_later_tests(tmp_path):
     """CPython drops a trace function that fails (a RecursionError raised while calling it): one
     test of code nested too deep left every later test of the run unmapped, and their mutants
-    survived without a test run. The tracer is armed again before each test, and the test that
-    lost it (its later lines unseen) is run for every mutant of a function body."""
+    survived without a test run. The tracer is armed again before each test and when a thread
+    ends, and the test that lost it (its later lines unseen) is run for every mutant of a
+    function body."""
     from ratchet import mutation
 
     source = ("def f(x):\n    return x + 1\n\n\ndef deep(n):\n    return deep(n + 1)\n\n\n"
@@ -410,13 +411,18 @@ def test_a_test_that_exhausts_the_stack_does_not_end_the_mapping_of_later_tests(
     (tmp_path / "tests" / "test_a_deep.py").write_text(
         "import pytest\nfrom m import after, deep\n\ndef test_deep():\n"
         "    with pytest.raises(RecursionError):\n        deep(0)\n    assert after() == 5\n")
+    (tmp_path / "tests" / "test_a_thread.py").write_text(   # the same in a worker thread
+        "import pytest, threading\nfrom m import after, deep\n\ndef test_thread():\n"
+        "    def work():\n        with pytest.raises(RecursionError):\n            deep(0)\n        after()\n"
+        "    t = threading.Thread(target=work)\n    t.start()\n    t.join()\n")
     (tmp_path / "tests" / "test_b_later.py").write_text("from m import f\n\ndef test_later():\n    assert f(1) == 2\n")
     mapping = mutation.build_map(["m.py"], ["-q", "-p", "no:cacheprovider", "tests"], tmp_path / "map.json", tmp_path)
     deep, later = "tests/test_a_deep.py::test_deep", "tests/test_b_later.py::test_later"
-    assert mapping["untraced"] == [deep]
-    assert sorted(mutation.select_tests(mapping, "m.py", 2, source)) == sorted([deep, later])
-    assert mutation.select_tests(mapping, "m.py", 10, source) == [deep]    # run after the tracer was lost
-    assert sorted(mutation.select_tests(mapping, "m.py", 13, source)) == sorted([deep, later])  # module level
+    thread = "tests/test_a_thread.py::test_thread"
+    assert mapping["untraced"] == [deep, thread]
+    assert sorted(mutation.select_tests(mapping, "m.py", 2, source)) == sorted([deep, thread, later])
+    assert sorted(mutation.select_tests(mapping, "m.py", 10, source)) == [deep, thread]   # after the loss
+    assert sorted(mutation.select_tests(mapping, "m.py", 13, source)) == sorted([deep, thread, later])  # module level
 
 
 def test_show_prints_a_mutants_diff_from_the_unmutated_copy_and_never_writes_the_cache(tmp_path):
