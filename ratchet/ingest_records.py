@@ -9,6 +9,7 @@ from datetime import datetime
 from operator import itemgetter
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 
 from ratchet import adapters
@@ -101,6 +102,12 @@ def normalise_chunk(items: list, ctx: FileContext, nul_free: bool = False) -> Ch
                 res.bad.append((raw, "too_deep", "the record nests too deeply to read", fmt))
                 continue
             except Exception as e:  # noqa: BLE001  (an adapter bug must not lose the batch: quarantine, say what)
+                if isinstance(e, orjson.JSONEncodeError) and too_deep(e):
+                    # orjson reads 1,024 levels and writes 255: an adapter writing part of a record
+                    # (a hashed id, tool arguments) meets the second limit; the input's depth, no bug
+                    res.bad.append((raw, "too_deep", f"the record nests deeper than JSON is written here "
+                                    f"(255 levels): {e}", fmt))
+                    continue
                 res.bad.append((raw, "unexpected_error", f"{type(e).__name__}: {e}"[:500], fmt))
                 continue
             res.formats[fmt] += 1

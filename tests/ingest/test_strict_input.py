@@ -152,3 +152,21 @@ def test_a_document_or_array_element_over_the_record_limit_is_record_too_large(t
     assert s.consistent and s.accepted == 1 and s.quarantine_reasons == {"record_too_large": 2}, s.as_dict()
     reasons = {r[1]: r[2] for r in _quarantine(wh)}
     assert reasons[2] == "1.5 MiB exceeds the 1 MiB limit (raise max_record_mb to accept it)", reasons
+
+
+def test_a_foreign_record_nested_past_what_json_writes_is_too_deep_not_an_adapter_error(tmp_path, wh):
+    """orjson writes at most 255 levels and reads 1,024: a SWE-agent trajectory, or an ATIF one
+    without a session id (its id is a hash of its JSON), nested 300 deep parses, and writing it in
+    the adapter fails. That is `too_deep`, as for a native record, not `unexpected_error` (which
+    says an adapter has a bug)."""
+    from ratchet import samples
+
+    d = tmp_path / "in"
+    d.mkdir()
+    atif = samples.atif_traj()
+    del atif["session_id"]
+    for name, rec in (("atif", atif), ("swe", samples.swe_agent_traj()),
+                      ("native", {**GOOD, "trajectory_id": "n"})):
+        (d / f"{name}.json").write_text(json.dumps({**rec, "deep_extra": "@"}).replace('"@"', _deep(300)))
+    s = ingest([d], wh)
+    assert s.consistent and s.quarantine_reasons == {"too_deep": 3}, s.as_dict()
