@@ -156,7 +156,7 @@ def test_a_document_or_array_element_over_the_record_limit_is_record_too_large(t
 
 def test_a_foreign_record_nested_past_what_json_writes_is_too_deep_not_an_adapter_error(tmp_path, wh):
     """orjson writes at most 255 levels and reads 1,024: a SWE-agent trajectory, or an ATIF one
-    without a session id (its id is a hash of its JSON), nested 300 deep parses, and writing it in
+    without a `session_id` (its id is a hash of its JSON), nested 300 deep parses, and writing it in
     the adapter fails. That is `too_deep`, as for a native record, not `unexpected_error` (which
     says an adapter has a bug)."""
     from ratchet import samples
