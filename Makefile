@@ -84,7 +84,7 @@ validate: install
 # survivors. String mutations are off: they change messages, not behaviour, and mutmut 2.5.1
 # crashes on a multi-line f-string ("Attribute Mutant.line is required") and then hangs.
 # Verdicts carry over between runs: a killed mutant whose line is unchanged is not run again,
-# survivors are run again when their target's test folder changed (--tests-dir is that folder,
+# survivors are run again when their target's test folder changed, unless judged equivalent (--tests-dir is that folder,
 # not all of tests/: a survivor costs every test that calls its code, minutes each, and a test
 # added elsewhere cannot kill it), so a stopped run resumes.
 # A full run is hours on two cores, longer than a machine may live: the verdicts are kept in
@@ -100,6 +100,8 @@ MUTATION_TARGETS ?= verifiers governance ingest
 MUTATION_SELECT ?= calls
 MUTATION_FRESH ?= 0
 MUTATION_STATE ?= docs/results/mutation-state.json
+# survivors judged equivalent (`ratchet.mutation judge`): a resumed run does not run them again
+MUTATION_EQUIVALENT ?= docs/results/mutation-equivalent.json
 MUT_PYTEST := $(abspath $(PY)) -m pytest -x -q -p no:cacheprovider -m 'not slow' --timeout 300
 mut_paths_verifiers := sandboxes/verifiers/
 mut_tests_verifiers := tests/sandboxes/test_verifiers.py
@@ -119,7 +121,8 @@ mutation: $(VENV)/.installed
 	rm -rf $(MUT_DIR) && mkdir -p $(MUT_DIR)
 	git ls-files -co --exclude-standard -z | xargs -0 tar -cf - | tar -xf - -C $(MUT_DIR)
 	if [ "$(MUTATION_FRESH)" != 1 ] && [ -f $(MUTATION_STATE) ]; then cd $(MUT_DIR) && $(abspath $(PY)) -m ratchet.mutation resume \
-	  --state $(abspath $(MUTATION_STATE)) --out .mutmut-cache $(foreach t,$(MUTATION_TARGETS),--paths "$(mut_paths_$(t))") || exit 1; fi
+	  --state $(abspath $(MUTATION_STATE)) --out .mutmut-cache --judged $(abspath $(MUTATION_EQUIVALENT)) \
+	  $(foreach t,$(MUTATION_TARGETS),--paths "$(mut_paths_$(t))" --tests-dir $(mut_tdir_$(t))) || exit 1; fi
 	cp ratchet/governance/*.so $(MUT_DIR)/ratchet/governance/ 2>/dev/null || true
 	printf 'from ratchet.mutation import pre_mutation  # noqa: F401\n' > $(MUT_DIR)/mutmut_config.py
 	cd $(MUT_DIR) && for t in $(MUTATION_TARGETS); do \

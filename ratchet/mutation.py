@@ -564,22 +564,38 @@ def _state_json(files: dict) -> str:
     return '{"format": 1, "files": {\n' + ",\n".join(parts) + "\n}}\n"
 
 
-def resume_cache(state: Path, out: Path, paths: list[str], root: Path) -> dict:
+def resume_cache(state: Path, out: Path, paths: list[str], root: Path, judged: Path | None = None,
+                 tests_dirs: list[str] | None = None) -> dict:
     """A new mutmut cache at `out` holding the verdicts of `state` for the files under `paths`
     (mutmut's --paths-to-mutate, relative to `root`, where the files are read). A verdict whose
     line is no longer in its file (or is there more than once, none at its old number) is dropped:
-    that mutant is run again. mutmut's ORM binds to one file a process: one call a process."""
+    that mutant is run again. mutmut's ORM binds to one file a process: one call a process.
+
+    mutmut runs a survivor again whenever its tests changed. A survivor judged equivalent in
+    `judged` (the judgment still describing the code) is marked tested against the tests of
+    `tests_dirs[i]`, the i-th group of `paths`, as they are now: no test can kill it, and one
+    such survivor of `ingest()` costs every ingest test (minutes)."""
     import json
 
     from mutmut import cache as mc
     from pony.orm import db_session
 
     data = json.loads(state.read_text()) if state.exists() else {"files": {}}
-    prefixes = [p.strip().rstrip("/") for group in paths for p in group.split(",") if p.strip()]
+    groups = [[p.strip().rstrip("/") for p in group.split(",") if p.strip()] for group in paths]
+    prefixes = [p for g in groups for p in g]
+    hashes: dict[str, str] = {}   # a prefix -> the hash of its group's tests, as mutmut computes it
+    if judged is not None and tests_dirs:
+        if len(tests_dirs) != len(groups):
+            raise ValueError(f"{len(tests_dirs)} --tests-dir for {len(groups)} --paths: give one each")
+        for g, d in zip(groups, tests_dirs):
+            h = mc.hash_of_tests([str(root / d)] if not os.path.isabs(d) else [d])
+            hashes.update((p, h) for p in g)
+    equivalent = {(e["file"], e["line"], e["index"], e.get("at"), e["mutant"]) for e in load_judged(judged)} \
+        if judged is not None else set()
     out.unlink(missing_ok=True)
     mc.db.bind(provider="sqlite", filename=str(out.resolve()), create_db=True)
     mc.db.generate_mapping(create_tables=True)
-    kept = dropped = 0
+    kept = dropped = held = 0
     with db_session:
         mc.MiscData(key="version", value=str(mc.current_db_version))
         for f, entries in sorted(data["files"].items()):
@@ -592,15 +608,32 @@ def resume_cache(state: Path, out: Path, paths: list[str], root: Path) -> dict:
             at: dict[str, list[int]] = {}
             for i, text in enumerate(lines):
                 at.setdefault(text, []).append(i)
+            h = next((hashes[p] for p in prefixes if p in hashes and (f == p or f.startswith(p + "/"))), None)
+            source = "\n".join(lines)
             for num, text, index, status, tests_hash in entries:
                 if not (0 <= num < len(lines) and lines[num] == text):
                     num = at[text][0] if len(at.get(text, ())) == 1 else None
                 if num is None:
                     dropped += 1
                     continue
+                if status == "bad_survived" and h and equivalent and _judged(equivalent, f, source, text, index, num):
+                    tests_hash = h
+                    held += 1
                 mc.Mutant(line=objs[num], index=index, status=status, tested_against_hash=tests_hash or "")
                 kept += 1
-    return {"verdicts": kept, "dropped": dropped}
+    return {"verdicts": kept, "dropped": dropped, "equivalent": held}
+
+
+def _judged(equivalent: set, f: str, source: str, text: str, index: int, num: int) -> bool:
+    """Whether the survivor (`text`, `index`) on 0-based line `num` of `f` has a judgment that
+    still describes it (the same mutant; "at" where the line's text repeats)."""
+    for e_file, e_line, e_index, e_at, e_mutant in equivalent:
+        if (e_file, e_line, e_index) == (f, text, index) and e_at in (None, num + 1):
+            try:
+                return mutated_line(source, f, text, index, num) == e_mutant
+            except ValueError:
+                return False
+    return False
 
 
 def show_mutant(cache: Path, mutant_id: int, root: Path) -> str:
@@ -824,15 +857,19 @@ def main(argv: list[str] | None = None) -> int:
             ap.add_argument("--out", required=True, help="the new .mutmut-cache")
             ap.add_argument("--paths", required=True, action="append", help="mutmut's --paths-to-mutate (repeatable)")
             ap.add_argument("--root", default=".", help="the copy the paths are relative to (default: here)")
+            ap.add_argument("--judged", help="survivors judged equivalent (mutation-equivalent.json): not run again")
+            ap.add_argument("--tests-dir", action="append", default=[],
+                            help="mutmut's --tests-dir of each --paths, in order (with --judged)")
         a = ap.parse_args(argv[1:])
         try:
             if argv[0] == "save":
                 n = save_state([Path(c) for c in a.cache], Path(a.state))
                 print(f"mutation: {n['verdicts']} verdicts of {n['files']} files saved -> {a.state}", file=sys.stderr)
             else:
-                n = resume_cache(Path(a.state), Path(a.out), a.paths, Path(a.root))
-                print(f"mutation: {n['verdicts']} saved verdicts resumed ({n['dropped']} dropped: their lines changed) "
-                      f"-> {a.out}", file=sys.stderr)
+                n = resume_cache(Path(a.state), Path(a.out), a.paths, Path(a.root),
+                                 Path(a.judged) if a.judged else None, a.tests_dir)
+                print(f"mutation: {n['verdicts']} saved verdicts resumed ({n['dropped']} dropped: their lines changed; "
+                      f"{n['equivalent']} survivors judged equivalent not run again) -> {a.out}", file=sys.stderr)
         except (FileNotFoundError, sqlite3.Error, ValueError) as e:
             print(f"ratchet.mutation {argv[0]}: {e}", file=sys.stderr)
             return 2

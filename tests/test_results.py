@@ -327,6 +327,61 @@ def test_mutation_verdicts_saved_to_the_state_file_resume_on_another_machine(tmp
     shutil.rmtree(first)
 
 
+def test_a_survivor_judged_equivalent_is_not_run_again_when_the_tests_change(tmp_path):
+    """mutmut runs every survivor again once its tests change; one judged equivalent cannot be
+    killed, and one of `ingest()` costs every ingest test. `resume --judged` marks it tested against
+    the tests as they are; the other survivors run again, and a judgment whose mutant changed
+    (stale) holds nothing back."""
+    import json
+    import subprocess
+    import sys
+
+    from ratchet import mutation
+
+    mutmut = Path(sys.executable).parent / "mutmut"
+    if not mutmut.exists():
+        pytest.skip("mutmut is in the dev extra: pip install -e '.[dev]'")
+    src = "def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x * 2\n"
+    runner = f"{sys.executable} -c \"open('runs.log','a').write('x');import m;assert m.f(1)==2\""
+
+    def run(folder: Path, test_text: str, judged: Path | None = None, source: str = src) -> int:
+        folder.mkdir()
+        (folder / "m.py").write_text(source)
+        (folder / "tests").mkdir()
+        (folder / "tests" / "test_m.py").write_text(test_text)
+        if state.exists():
+            cmd = [sys.executable, "-m", "ratchet.mutation", "resume", "--state", str(state),
+                   "--out", str(folder / ".mutmut-cache"), "--paths", "m.py", "--root", str(folder)]
+            if judged is not None:
+                cmd += ["--judged", str(judged), "--tests-dir", "tests"]
+            subprocess.run(cmd, check=True)
+        subprocess.run([str(mutmut), "run", "--paths-to-mutate", "m.py", "--runner", runner, "--tests-dir", "tests",
+                        "--simple-output", "--no-progress", "--CI"], cwd=folder, capture_output=True, check=False)
+        log = folder / "runs.log"
+        return len(log.read_text()) if log.exists() else 0
+
+    state, judged = tmp_path / "state.json", tmp_path / "equivalent.json"
+    run(tmp_path / "a", "# v1\n")
+    first = mutation.read_cache(tmp_path / "a" / ".mutmut-cache")
+    on_g = sorted((m for m in first["survivors"] if m["line"] == 6), key=lambda m: m["index"])
+    assert len(on_g) == 2                                   # `x * 2`: the operator and the constant
+    mutation.main(["save", "--cache", str(tmp_path / "a" / ".mutmut-cache"), "--state", str(state)])
+    mutation.judge(tmp_path / "a" / ".mutmut-cache", [on_g[0]["id"]], tmp_path / "a", "planted for the test", judged)
+    assert [e["index"] for e in json.loads(judged.read_text())["mutants"]] == [on_g[0]["index"]]
+
+    # the tests changed: without --judged both survivors of g run again, with it only the other one
+    runs_all = run(tmp_path / "b", "# v2\n")
+    runs_judged = run(tmp_path / "c", "# v2\n", judged)
+    assert runs_all - runs_judged == 1, (runs_all, runs_judged)
+    held = mutation.read_cache(tmp_path / "c" / ".mutmut-cache")
+    assert sorted(m["index"] for m in held["survivors"] if m["line"] == 6) == [0, 1]
+    # a judgment that no longer describes its mutant holds nothing back
+    stale = json.loads(judged.read_text())
+    stale["mutants"][0]["mutant"] = "return x ** 2"
+    judged.write_text(json.dumps(stale))
+    assert run(tmp_path / "d", "# v2\n", judged) == runs_all
+
+
 def test_a_module_level_mutant_runs_the_tests_that_name_what_its_line_defines(tmp_path, monkeypatch):
     """Mutation test selection: a mutant inside a function runs the tests that called it; a
     mutant of a module-level constant also runs every test in a file naming the constant (a test
