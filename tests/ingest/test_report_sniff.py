@@ -95,6 +95,14 @@ def test_a_compressed_or_utf16_report_is_a_report_and_its_decoded_size_is_bounde
     (tmp_path / "big.json.gz").write_bytes(gzip.compress(text.encode()[:-1] + pad + b"}"))
     assert (tmp_path / "big.json.gz").stat().st_size < MIB
     assert ing._report_file(tmp_path / "big.json.gz") is None
+    # the same text as many small gzip members (`cat a.gz b.gz ...`): decoded chunks smaller than
+    # the sniffed head still count towards the bound
+    whole = text.encode()[:-1] + pad + b"}"
+    step = 16 << 10
+    (tmp_path / "members.json.gz").write_bytes(b"".join(gzip.compress(whole[i:i + step])
+                                                        for i in range(0, len(whole), step)))
+    assert (tmp_path / "members.json.gz").stat().st_size < 2 * MIB
+    assert ing._report_file(tmp_path / "members.json.gz") is None
 
     for name, data in (("report.json", text.encode("utf-16")), ("report.json.gz", gzip.compress(text.encode()))):
         d = tmp_path / f"run-{name}"
