@@ -362,3 +362,21 @@ def test_fewer_than_two_rows_have_no_pairs(corpus):
         assert list(lsh_index.candidate_pairs_ooc(sigs, 0.8, rows=rows)) == []
     assert list(lsh_index.candidate_pairs_ooc(sigs[:1], 0.8, spanning=True)) == []
     assert list(lsh_index.candidate_pairs_ooc(sigs[:0], 0.8)) == []
+
+
+@pytest.mark.parametrize("backend", ["memory", "duckdb"])
+def test_spanning_pairs_form_a_forest_and_a_pair_at_the_threshold_is_kept(backend):
+    """Five copies of one signature: every pair without `spanning` (10), a tree with it (4: a pair
+    whose ends earlier pairs already connect is not returned), on either backend. A pair whose
+    estimated Jaccard equals the threshold exactly (64 of 128 values) is kept on both."""
+    rng = np.random.default_rng(7)
+    base = rng.integers(0, 2**32, 128, dtype=np.uint64).astype(np.uint32)
+    other = rng.integers(0, 2**32, 128, dtype=np.uint64).astype(np.uint32)
+    sigs = np.stack([base] * 5 + [other])
+    ids = [f"r{i}" for i in range(6)]
+    assert len(lsh_pairs(ids, sigs, 0.8, spanning=False, backend=backend)) == 10
+    tree = lsh_pairs(ids, sigs, 0.8, spanning=True, backend=backend)
+    assert len(tree) == 4 and {x for p in tree for x in p[:2]} == set(ids[:5])
+    half = base.copy()
+    half[64:] = other[64:]
+    assert lsh_pairs(["a", "b"], np.stack([base, half]), 0.5, backend=backend) == [("a", "b", 0.5)]
