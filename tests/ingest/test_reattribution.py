@@ -32,10 +32,14 @@ def test_a_sidecar_folder_read_again_without_its_sidecar(tmp_path, wh):
     (d / "a.jsonl").write_text("\n".join(lines) + "\n")
     assert ingest([tmp_path / "landing"], wh).accepted == 5
     (d / "_batch.yaml").unlink()
-    (d / "a.jsonl").write_text("\n".join(lines + [json.dumps({**GOOD, "trajectory_id": "new"})]) + "\n")
+    new = json.dumps({**GOOD, "trajectory_id": "new"})
+    (d / "a.jsonl").write_text("\n".join(lines + [new, new]) + "\n")   # and one repeat within the batch
     s = ingest([tmp_path / "landing"], wh)
-    assert (s.read, s.accepted, s.duplicates, s.attribution_conflicts) == (6, 1, 5, 5), s.as_dict()
+    assert (s.read, s.accepted, s.duplicates, s.attribution_conflicts) == (7, 1, 6, 5), s.as_dict()
     assert s.read == s.accepted + s.quarantined + s.duplicates
+    # the file's own row counts both kinds of duplicate
+    assert _one(wh, "SELECT read, accepted, duplicates FROM ingest_files WHERE batch_id = "
+                    f"'{s.batch_id}'") == [(7, 1, 6)]
     assert _one(wh, "SELECT count(*), count(tenant_id) FROM trajectories") == [(6, 5)]
 
 
