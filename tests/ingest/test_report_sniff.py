@@ -112,3 +112,25 @@ def test_a_compressed_or_utf16_report_is_a_report_and_its_decoded_size_is_bounde
         (d / name).write_bytes(data)
         s = ing.ingest([d], wh)
         assert (s.accepted + s.duplicates, s.quarantined, s.reports_joined) == (1, 0, 1), (name, s.as_dict())
+
+
+def test_reports_are_looked_for_beside_predictions_only(tmp_path, wh):
+    """`report.json` files are searched for beside SWE-bench predictions (records naming both
+    `instance_id` and `model_patch`), not beside every record that names an instance: a report
+    beside a task list given as a file does not describe the predictions of another folder."""
+    report = {"astropy__astropy-12907": {"patch_exists": True, "resolved": True}}
+    tasks = tmp_path / "a-tasks"
+    tasks.mkdir()
+    (tasks / "tasks.jsonl").write_text(json.dumps({"instance_id": "astropy__astropy-12907", "repo": "astropy/astropy",
+                                                   "problem_statement": "x"}) + "\n")
+    (tasks / "report.json").write_text(json.dumps(report))
+    preds = tmp_path / "b-preds"
+    preds.mkdir()
+    (preds / "preds.jsonl").write_text(json.dumps({"instance_id": "astropy__astropy-12907", "model_name_or_path": "m",
+                                                   "model_patch": "diff --git a/x b/x\n"}) + "\n")
+    s = ing.ingest([tasks / "tasks.jsonl", preds], wh)
+    assert s.reports_joined == 0, s.as_dict()
+    # beside the predictions, the same report joins
+    (preds / "report.json").write_text(json.dumps(report))
+    s = ing.ingest([preds / "preds.jsonl"], wh)
+    assert s.reports_joined == 1, s.as_dict()
