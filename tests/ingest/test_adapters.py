@@ -69,16 +69,19 @@ def test_atif_parallel_calls_and_token_ids(tmp_path, wh):
     assert str(r.started_at).startswith("2026-11-02 09:00:00") and r.patch == samples.PATCH
 
 
-@pytest.mark.parametrize("packed", ["plain", "gzip", "utf-16"])
+@pytest.mark.parametrize("packed", ["plain", "gzip", "gzip-members", "utf-16"])
 def test_swebench_predictions_join_reports(tmp_path, wh, packed):
     """Predictions given alone find the reports beside them, whether the predictions file is
-    plain, gzipped or UTF-16 (each is read decoded)."""
+    plain, gzipped (in one member or in many small ones, whose decoded pieces are sniffed
+    together) or UTF-16 (each is read decoded)."""
     import gzip
 
     preds, reports = samples.swebench_predictions()
     text = "".join(json.dumps(p) + "\n" for p in preds)
-    name = {"plain": "preds.jsonl", "gzip": "preds.jsonl.gz", "utf-16": "preds.jsonl"}[packed]
-    data = {"plain": text.encode(), "gzip": gzip.compress(text.encode()), "utf-16": text.encode("utf-16")}[packed]
+    name = {"plain": "preds.jsonl", "gzip": "preds.jsonl.gz", "gzip-members": "preds.jsonl.gz", "utf-16": "preds.jsonl"}[packed]
+    raw = text.encode()
+    data = {"plain": raw, "gzip": gzip.compress(raw), "utf-16": text.encode("utf-16"),
+            "gzip-members": b"".join(gzip.compress(raw[i:i + 50]) for i in range(0, len(raw), 50))}[packed]
     (tmp_path / name).write_bytes(data)
     for inst, rep in reports.items():
         d = tmp_path / "logs" / inst
