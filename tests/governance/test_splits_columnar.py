@@ -196,6 +196,21 @@ def test_repeated_ids_take_the_decision_made_last():
         _same(pa.Table.from_pylist(items), **kw)
 
 
+def test_a_repeated_id_is_found_wherever_it_sorts():
+    """Repeats are found by comparing sorted neighbours, a block of 2**20 at a time: a repeat of
+    the smallest id, in a two-row input, and one straddling two blocks are all found (then every
+    copy takes the decision made last, above)."""
+    from ratchet.governance.splits import _has_repeats
+
+    assert _has_repeats(pa.array(["a", "a", "b"])) and _has_repeats(pa.array(["x", "x"]))
+    assert not any(_has_repeats(pa.array(v, pa.string())) for v in (["a", "b", "c"], ["a"], []))
+    step = 1 << 20
+    ids = [f"{i:08d}" for i in range(step + 1)]
+    assert not _has_repeats(pa.array(ids))
+    ids.append(ids[step - 1])     # sorted, the two copies are the last of one block and the first of the next
+    assert _has_repeats(pa.array(ids))
+
+
 def test_near_tied_scores_sum_slices_in_first_appearance_order():
     # many small clusters with mixed slices: scores differ only in float rounding, so a change in
     # the order the slice terms are summed in shows up as a different split somewhere

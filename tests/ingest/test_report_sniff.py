@@ -116,8 +116,9 @@ def test_a_compressed_or_utf16_report_is_a_report_and_its_decoded_size_is_bounde
 
 def test_reports_are_looked_for_beside_predictions_only(tmp_path, wh):
     """`report.json` files are searched for beside SWE-bench predictions (records naming both
-    `instance_id` and `model_patch`), not beside every record that names an instance: a report
-    beside a task list given as a file does not describe the predictions of another folder."""
+    `instance_id` and `model_patch`), not beside every record that names an instance or a file
+    that cannot be read: a report beside a task list given as a file does not describe the
+    predictions of another folder."""
     report = {"astropy__astropy-12907": {"patch_exists": True, "resolved": True}}
     tasks = tmp_path / "a-tasks"
     tasks.mkdir()
@@ -128,8 +129,9 @@ def test_reports_are_looked_for_beside_predictions_only(tmp_path, wh):
     preds.mkdir()
     (preds / "preds.jsonl").write_text(json.dumps({"instance_id": "astropy__astropy-12907", "model_name_or_path": "m",
                                                    "model_patch": "diff --git a/x b/x\n"}) + "\n")
-    s = ing.ingest([tasks / "tasks.jsonl", preds], wh)
-    assert s.reports_joined == 0, s.as_dict()
+    (tasks / "broken.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00 not gzip")   # nor beside a file that cannot be read
+    s = ing.ingest([tasks / "tasks.jsonl", tasks / "broken.jsonl.gz", preds], wh)
+    assert s.reports_joined == 0 and s.quarantine_reasons.get("corrupt_compressed") == 1, s.as_dict()
     # beside the predictions, the same report joins
     (preds / "report.json").write_text(json.dumps(report))
     s = ing.ingest([preds / "preds.jsonl"], wh)
