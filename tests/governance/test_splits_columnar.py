@@ -211,6 +211,18 @@ def test_a_repeated_id_is_found_wherever_it_sorts():
     assert _has_repeats(pa.array(ids))
 
 
+def test_targets_that_leave_out_a_split_count_it_as_zero_in_a_locked_split():
+    """With a locked holdout, train and val share what is free in the ratio of their targets; a
+    split left out of the targets counts as 0 there as everywhere (here fewer items are free than
+    the targets ask for, so the ratio decides)."""
+    items = [{"id": f"t{i}", "cluster_id": f"c{i}", "slice": "ab"[i % 2]} for i in range(6)]
+    m = create_manifest(["t0", "t1"], locked_by="lead")
+    no_train = _same(items, targets={"val": 5, "holdout": 2}, manifest=m)
+    assert sorted(no_train.column("split").to_pylist()) == ["holdout"] * 2 + ["val"] * 4
+    no_val = _same(items, targets={"train": 5, "holdout": 2}, manifest=m)
+    assert sorted(no_val.column("split").to_pylist()) == ["holdout"] * 2 + ["train"] * 4
+
+
 def test_near_tied_scores_sum_slices_in_first_appearance_order():
     # many small clusters with mixed slices: scores differ only in float rounding, so a change in
     # the order the slice terms are summed in shows up as a different split somewhere
