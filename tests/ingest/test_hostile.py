@@ -261,6 +261,7 @@ def test_an_over_limit_line_is_never_read_whole(tmp_path, workers):
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert (got["read"], got["accepted"], got["quarantine_reasons"]) == (3, 2, {"record_too_large": 1})
+    assert got["fast_path"] == 2, got   # the two native records; the refused line took no path
     # a 128 MiB line held whole would be >= 128 MiB; the parallel path's pool and range buffers
     # alone grow the parent by up to ~50 MiB on a busy machine (measured), hence half the line
     assert got["grew_kb"] < 64 * 1024, got
