@@ -352,8 +352,6 @@ def select_tests(mapping: dict, filename: str, line: int, source: str) -> list[s
         tests = {ids[i] for n in range(first, last + 1) for i in ran.get(str(n), ())}
     elif in_function:
         tests = set(funcs.get(key, ()))
-    if in_function:
-        tests |= set(mapping.get("untraced", ()))
     else:
         tests = {t for ts in funcs.values() for t in ts}
         names = _names_defined_at(source, line)
@@ -362,6 +360,8 @@ def select_tests(mapping: dict, filename: str, line: int, source: str) -> list[s
             tests |= {t for t in mapping["tests"] if named.search(_test_text(t))}
         if not tests:
             return None
+    if in_function:
+        tests |= set(mapping.get("untraced", ()))
     return sorted(tests, key=lambda t: (mapping["tests"].get(t, 0.0), t))
 
 
