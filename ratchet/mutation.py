@@ -590,7 +590,8 @@ def resume_cache(state: Path, out: Path, paths: list[str], root: Path, judged: P
         for g, d in zip(groups, tests_dirs):
             h = mc.hash_of_tests([str(root / d)] if not os.path.isabs(d) else [d])
             hashes.update((p, h) for p in g)
-    equivalent = {(e["file"], e["line"], e["index"], e.get("at"), e["mutant"]) for e in load_judged(judged)} \
+    # (file, line text, index, 0-based line number) of each judgment that still describes the code
+    equivalent = {(e["file"], e["line"], e["index"], num) for e, num, why in check_judgments(judged, root) if not why} \
         if judged is not None else set()
     out.unlink(missing_ok=True)
     mc.db.bind(provider="sqlite", filename=str(out.resolve()), create_db=True)
@@ -609,31 +610,18 @@ def resume_cache(state: Path, out: Path, paths: list[str], root: Path, judged: P
             for i, text in enumerate(lines):
                 at.setdefault(text, []).append(i)
             h = next((hashes[p] for p in prefixes if p in hashes and (f == p or f.startswith(p + "/"))), None)
-            source = "\n".join(lines)
             for num, text, index, status, tests_hash in entries:
                 if not (0 <= num < len(lines) and lines[num] == text):
                     num = at[text][0] if len(at.get(text, ())) == 1 else None
                 if num is None:
                     dropped += 1
                     continue
-                if status == "bad_survived" and h and equivalent and _judged(equivalent, f, source, text, index, num):
+                if status == "bad_survived" and h and (f, text, index, num) in equivalent:
                     tests_hash = h
                     held += 1
                 mc.Mutant(line=objs[num], index=index, status=status, tested_against_hash=tests_hash or "")
                 kept += 1
     return {"verdicts": kept, "dropped": dropped, "equivalent": held}
-
-
-def _judged(equivalent: set, f: str, source: str, text: str, index: int, num: int) -> bool:
-    """Whether the survivor (`text`, `index`) on 0-based line `num` of `f` has a judgment that
-    still describes it (the same mutant; "at" where the line's text repeats)."""
-    for e_file, e_line, e_index, e_at, e_mutant in equivalent:
-        if (e_file, e_line, e_index) == (f, text, index) and e_at in (None, num + 1):
-            try:
-                return mutated_line(source, f, text, index, num) == e_mutant
-            except ValueError:
-                return False
-    return False
 
 
 def show_mutant(cache: Path, mutant_id: int, root: Path) -> str:
@@ -732,27 +720,36 @@ def judge(cache: Path, ids: list[int], root: Path, why: str, path: Path) -> list
     return new
 
 
-def stale_judgments(path: Path, root: Path) -> list[str]:
-    """Judgments that no longer describe the code: the line is gone from its file, or mutmut's
-    mutant at that index is no longer the recorded one."""
-    out = []
+def check_judgments(path: Path, root: Path) -> list[tuple[dict, int | None, str | None]]:
+    """Each judgment of `path` against the files under `root`: (judgment, 0-based line number it
+    describes, None) while it still describes the code, else (judgment, None, what changed): the
+    line is gone from its file, or mutmut's mutant at that index is no longer the recorded one."""
+    out: list[tuple[dict, int | None, str | None]] = []
+    texts: dict[str, str] = {}
     for e in load_judged(path):
         f = root / e["file"]
-        lines = f.read_text().split("\n") if f.exists() else []
+        if e["file"] not in texts:
+            texts[e["file"]] = f.read_text() if f.exists() else ""
+        lines = texts[e["file"]].split("\n") if texts[e["file"]] else []
         where = ([e["at"] - 1] if e.get("at") and lines[e["at"] - 1:e["at"]] == [e["line"]]
                  else [] if e.get("at") else [i for i, x in enumerate(lines) if x == e["line"]])
         if len(where) != 1:
-            out.append(f"{e['file']}: the line {e['line'].strip()!r} is gone" + (f" from line {e['at']}" if e.get("at") else "")
-                       if not where else f"{e['file']}: the line {e['line'].strip()!r} is now on several lines")
+            out.append((e, None, f"{e['file']}: the line {e['line'].strip()!r} is gone" + (f" from line {e['at']}" if e.get("at") else "")
+                        if not where else f"{e['file']}: the line {e['line'].strip()!r} is now on several lines"))
             continue
         try:
             got = mutated_line("\n".join(lines), e["file"], e["line"], e["index"], where[0])
         except ValueError as err:
-            out.append(str(err))
+            out.append((e, None, str(err)))
             continue
-        if got != e["mutant"]:
-            out.append(f"{e['file']}: mutant {e['index']} of {e['line'].strip()!r} is now {got!r}, not {e['mutant']!r}")
+        out.append((e, where[0], None) if got == e["mutant"] else
+                   (e, None, f"{e['file']}: mutant {e['index']} of {e['line'].strip()!r} is now {got!r}, not {e['mutant']!r}"))
     return out
+
+
+def stale_judgments(path: Path, root: Path) -> list[str]:
+    """Judgments that no longer describe the code, each with what changed (`check_judgments`)."""
+    return [why for _, _, why in check_judgments(path, root) if why]
 
 
 def mark_unrun(res: dict, caches: list[Path]) -> dict:
