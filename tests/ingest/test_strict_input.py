@@ -170,3 +170,31 @@ def test_a_foreign_record_nested_past_what_json_writes_is_too_deep_not_an_adapte
         (d / f"{name}.json").write_text(json.dumps({**rec, "deep_extra": "@"}).replace('"@"', _deep(300)))
     s = ingest([d], wh)
     assert s.consistent and s.quarantine_reasons == {"too_deep": 3}, s.as_dict()
+
+
+def test_an_adapter_that_exhausts_the_stack_quarantines_its_record_and_the_chunk_goes_on(monkeypatch):
+    """No input here makes an adapter recurse past Python's limit (the reader and the duplicate-key
+    check refuse deep records first), but a user's format adapter can: its record is `too_deep`,
+    kept raw, and the records after it in the same chunk are still read."""
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from ratchet import adapters
+    from ratchet.ingest_records import FileContext, normalise_chunk
+
+    real = adapters.to_native
+
+    def to_native(fmt, obj, *args, **kwargs):
+        if obj.get("source") == "recurses":
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(fmt, obj, *args, **kwargs)
+
+    monkeypatch.setattr(adapters, "to_native", to_native)
+    payloads = [orjson.dumps({**CHAT, "source": "recurses"}), orjson.dumps({**CHAT, "source": "fine"}),
+                orjson.dumps({**GOOD, "trajectory_id": "n"})]
+    ctx = FileContext(Path("in.jsonl"), {}, 1 << 20, {}, "batch", datetime.now(UTC))
+    res = normalise_chunk([(p, i + 1, 0) for i, p in enumerate(payloads)], ctx)
+    assert [(raw.line, code) for raw, code, _, _ in res.bad] == [(1, "too_deep")], res.bad
+    assert res.bad[0][0].payload == payloads[0]
+    assert res.table.column("source_line").to_pylist() == [2, 3]
+    assert res.formats == {adapters.detect(CHAT): 1, adapters.NATIVE: 1}, res.formats
