@@ -137,3 +137,20 @@ def test_a_table_without_its_optional_columns_splits_as_if_they_were_empty():
         want = _reference(bare, **kw)
         table = _table(bare).drop_columns(["slice", "tenant_id"])
         assert governed_split_table(table, **kw).to_pylist() == want
+
+
+def test_columns_of_other_arrow_types_split_as_plain_strings():
+    """A table read back from Parquet, Polars or DuckDB may hold its id, kind, cluster and tenant
+    columns as large strings or dictionaries: the splits, reasons and output schema are those of
+    the plain-string table."""
+    rng = random.Random(23)
+    for _ in range(10):
+        items, kw = _case(rng)
+        plain = governed_split_table(_table(items), **kw)
+        for cast in (lambda c: c.cast(pa.large_string()), lambda c: c.dictionary_encode()):
+            t = _table(items)
+            for name in ("id", "kind", "cluster_id", "tenant_id"):
+                t = t.set_column(t.column_names.index(name), name, cast(t.column(name)))
+            got = governed_split_table(t, **kw)
+            assert got.schema == plain.schema, (got.schema, plain.schema)
+            assert got.to_pylist() == plain.to_pylist()

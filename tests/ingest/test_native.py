@@ -935,6 +935,22 @@ def test_nul_payloads_are_the_only_exclusion_ingest_rejects_them_before_either_p
     assert ok.fast == 1 and ok.table.num_rows == 1 and len(ok.bad) == 1
 
 
+def test_a_chunk_leaves_the_callers_garbage_collector_as_it_found_it():
+    """normalise_chunk turns the cyclic GC off while it decodes (millions of short-lived dicts) and
+    runs in the caller's process on the inline path: it turns it back on only if it was on, even
+    when a record is refused."""
+    import gc
+
+    was = gc.isenabled()
+    try:
+        for state in (True, False):
+            (gc.enable if state else gc.disable)()
+            _chunk([BASE + b"}", NUL_PAYLOADS[0], b"{not json"])
+            assert gc.isenabled() is state
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 # --------------------------------------------------------------------------- regressions
 def test_regression_duplicate_tools_key_must_not_hide_unreadable_json():
     """Regression. `tools` is read by msgspec as Raw (skipped, not validated) and
