@@ -154,3 +154,13 @@ def test_columns_of_other_arrow_types_split_as_plain_strings():
             got = governed_split_table(t, **kw)
             assert got.schema == plain.schema, (got.schema, plain.schema)
             assert got.to_pylist() == plain.to_pylist()
+
+
+def test_a_row_without_a_kind_is_split_as_a_trajectory():
+    """Only `kind == "task"` makes a task: a null kind is a trajectory (it follows its cluster's
+    tasks and never enters holdout on its own), as in the row-by-row version."""
+    rng = random.Random(29)
+    for _ in range(20):
+        items, kw = _case(rng)
+        items = [{**i, "kind": None} if i["kind"] == "trajectory" and rng.random() < 0.5 else i for i in items]
+        assert governed_split_table(_table(items), **kw).to_pylist() == _reference(items, **kw)

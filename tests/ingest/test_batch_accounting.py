@@ -126,6 +126,27 @@ def test_a_plain_batch_reports_every_count_exactly(tmp_path, wh):
                  "compacted_parts": 0}
 
 
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fast_path_counts_jsonl_lines_up_to_the_record_limit_and_no_document_records(tmp_path, wh, workers):
+    """`fast_path` counts the native JSONL lines the typed decoder took: a line of exactly the
+    record limit is one of them (the limit is inclusive); a line one byte over is refused unread;
+    records of a `.json` document take the general path (their duplicate keys are checked)."""
+    from ratchet.ingest import IngestOptions
+
+    d = _inbox(tmp_path)
+    head = b'{"trajectory_id":"%s","task_id":"t","messages":[{"role":"user","content":"'
+    tail = b'"}]}'
+    at = head % b"at" + b"x" * ((1 << 20) - len(head % b"at") - len(tail)) + tail
+    over = head % b"ov" + b"x" * ((1 << 20) + 1 - len(head % b"ov") - len(tail)) + tail
+    assert len(at) == 1 << 20 and len(over) == (1 << 20) + 1
+    (d / "a.jsonl").write_bytes(at + b"\n" + over + b"\n" + _good("small").encode())
+    (d / "b.json").write_text("[" + _good("d1").strip() + "," + _good("d2").strip() + "]")
+    s = ingest([d], wh, IngestOptions(max_record_mb=1, workers=workers))
+    assert (s.read, s.accepted, s.quarantine_reasons) == (5, 4, {"record_too_large": 1}), s.as_dict()
+    assert s.fast_path == 2, s.as_dict()
+
+
 def test_the_summary_invariant_is_a_truth_value_that_can_fail():
     # ingest raises when read != accepted + quarantined + duplicates; the check reads `consistent`
     from ratchet.ingest import IngestSummary
