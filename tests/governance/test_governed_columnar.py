@@ -164,3 +164,27 @@ def test_a_row_without_a_kind_is_split_as_a_trajectory():
         items, kw = _case(rng)
         items = [{**i, "kind": None} if i["kind"] == "trajectory" and rng.random() < 0.5 else i for i in items]
         assert governed_split_table(_table(items), **kw).to_pylist() == _reference(items, **kw)
+
+
+def test_targets_that_leave_out_train_or_val_give_orphan_trajectories_none_of_it():
+    """A split missing from the targets has a target of zero: trajectories of clusters with no
+    task go only to the splits the targets name (all to train where they name neither)."""
+    rng = random.Random(31)
+    for targets in ({"val": 3, "holdout": 2}, {"train": 4, "holdout": 1}, {"holdout": 2}):
+        for _ in range(10):
+            items, kw = _case(rng)
+            kw["targets"] = targets
+            got = governed_split_table(_table(items), **kw).to_pylist()
+            assert got == _reference(items, **kw)
+            orphan = {r["split"] for r in got if r["reason"] == "trajectory_cluster"}
+            assert orphan <= ({s for s in ("train", "val") if s in targets} or {"train"}), (targets, orphan)
+
+
+def test_only_the_namespace_prefix_is_taken_off_a_source_id():
+    """`source_id` drops the `task:` / `traj:` namespace once: a user's id that itself starts
+    with `task:` keeps it."""
+    items = [{"id": "task:task:7", "kind": "task", "cluster_id": "c1", "slice": None, "tenant_id": None},
+             {"id": "traj:traj:r", "kind": "trajectory", "cluster_id": "c1", "slice": None, "tenant_id": None},
+             {"id": "traj:task:q", "kind": "trajectory", "cluster_id": "c2", "slice": None, "tenant_id": None}]
+    got = governed_split_table(_table(items), {"train": 1, "val": 0, "holdout": 0})
+    assert got.column("source_id").to_pylist() == ["task:7", "traj:r", "task:q"]

@@ -140,11 +140,16 @@ def test_sidecar_states_acceptance_for_logs_that_carry_none(tmp_path, wh):
     own, unset = trajectory(0, __import__("random").Random(0)), trajectory(1, __import__("random").Random(1))
     own["outcome"]["accepted"], unset["outcome"]["accepted"] = False, None
     (ok / "n.jsonl").write_bytes(orjson.dumps(own) + b"\n" + orjson.dumps(unset) + b"\n")
-    assert ingest([tmp_path], wh).accepted == 4
+    # the same two cases in a JSON array: the general path
+    own2, unset2 = trajectory(2, __import__("random").Random(2)), trajectory(3, __import__("random").Random(3))
+    own2["outcome"]["accepted"], unset2["outcome"]["accepted"] = False, None
+    (ok / "arr.json").write_bytes(orjson.dumps([own2, unset2]))
+    assert ingest([tmp_path], wh).accepted == 6
     got = {(r.source_format, r.trajectory_id): r.accepted for r in _rows(wh).itertuples()}
     assert got == {("swe_agent", _rows(wh, "source_format = 'swe_agent'").trajectory_id[0]): True,
                    ("atif", _rows(wh, "source_format = 'atif'").trajectory_id[0]): False,
-                   ("openai_chat", own["trajectory_id"]): False, ("openai_chat", unset["trajectory_id"]): True}
+                   ("openai_chat", own["trajectory_id"]): False, ("openai_chat", unset["trajectory_id"]): True,
+                   ("openai_chat", own2["trajectory_id"]): False, ("openai_chat", unset2["trajectory_id"]): True}
     (ok / "_batch.yaml").write_text("tenant_id: globex\naccepted: maybe\n")
     with pytest.raises(ValueError, match="accepted must be true or false"):
         ingest([tmp_path], wh)

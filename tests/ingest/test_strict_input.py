@@ -198,3 +198,21 @@ def test_an_adapter_that_exhausts_the_stack_quarantines_its_record_and_the_chunk
     assert res.bad[0][0].payload == payloads[0]
     assert res.table.column("source_line").to_pylist() == [2, 3]
     assert res.formats == {adapters.detect(CHAT): 1, adapters.NATIVE: 1}, res.formats
+
+
+def test_a_quarantined_record_names_the_format_it_was_read_as_or_none(tmp_path, wh):
+    """`detected_format` says which adapter refused a record, and is NULL where none was reached
+    (the bytes are not JSON): an analyst can tell a broken exporter from a broken adapter."""
+    from ratchet import samples
+
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.jsonl").write_text("{not json\n" + json.dumps({**GOOD, "trajectory_id": "m", "messages": "hi"}) + "\n")
+    (d / "b.json").write_text(json.dumps(samples.swe_agent_traj()))   # no task id: the file name says none
+    s = ingest([d], wh)
+    assert s.consistent and s.accepted == 0 and s.quarantined == 3, s.as_dict()
+    with wh.connect() as con:
+        got = con.execute("SELECT source_file, source_line, detected_format, reason_code FROM quarantine "
+                          "ORDER BY source_file, source_line").fetchall()
+    assert [(f.rsplit("/", 1)[-1], line, fmt) for f, line, fmt, _ in got] == [
+        ("a.jsonl", 1, None), ("a.jsonl", 2, "openai_chat"), ("b.json", 0, "swe_agent")], got
