@@ -7,9 +7,10 @@ import hashlib
 import re
 from pathlib import Path
 
-import orjson
-
 from ratchet.contract.validate import keep
+# orjson's bytes where it can write them (the ids of every record it can write stay as they were),
+# msgspec's for integers past 64 bits, which orjson refuses and a log may hold
+from ratchet.readers.json_codec import dumps
 
 _SWE_ID = re.compile(r"^(?P<owner>[\w.-]+)__(?P<name>[\w.-]+)-(?P<num>\d+)$")
 
@@ -33,11 +34,11 @@ def repo_of(instance_id: str | None) -> str | None:
 
 def stable_id(prefix: str, rec: dict) -> str:
     """Id for a foreign record that carries none: a hash of its content."""
-    return f"{prefix}:{hashlib.sha256(orjson.dumps(rec, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]}"
+    return f"{prefix}:{hashlib.sha256(dumps(rec, sort_keys=True)).hexdigest()[:16]}"
 
 
 def tool_call(call_id: str, name: str, arguments) -> dict:
-    args = arguments if isinstance(arguments, str) else orjson.dumps(arguments if arguments is not None else {}).decode()
+    args = arguments if isinstance(arguments, str) else dumps(arguments if arguments is not None else {}).decode()
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 

@@ -216,3 +216,26 @@ def test_a_quarantined_record_names_the_format_it_was_read_as_or_none(tmp_path, 
                           "ORDER BY source_file, source_line").fetchall()
     assert [(f.rsplit("/", 1)[-1], line, fmt) for f, line, fmt, _ in got] == [
         ("a.jsonl", 1, None), ("a.jsonl", 2, "openai_chat"), ("b.json", 0, "swe_agent")], got
+
+
+def test_a_foreign_record_holding_an_integer_past_64_bits_is_accepted_with_it_exact(tmp_path, wh):
+    """A SWE-agent trajectory, or an ATIF one without a `session_id`, is hashed into its id and
+    its tool arguments are written as JSON by the adapter; orjson refuses integers past 64 bits,
+    which JSON allows and a log may hold. Such a record is accepted like a native one, its
+    integer kept digit for digit (it was quarantined as `unexpected_error`, an adapter bug)."""
+    from ratchet import samples
+
+    d = tmp_path / "in"
+    d.mkdir()
+    atif = samples.atif_traj()
+    del atif["session_id"]
+    big = "1" + "0" * 30
+    for name, rec in (("a.traj", samples.swe_agent_traj()), ("b.json", atif)):
+        (d / name).write_text(json.dumps({**rec, "big_extra": "@"}).replace('"@"', big))
+    s = ingest([d], wh)
+    assert s.consistent and s.accepted == 2 and s.quarantined == 0, s.as_dict()
+    with wh.connect() as con:
+        extras = [r[0] for r in con.execute("SELECT extra FROM trajectories ORDER BY source_file").fetchall()]
+    assert all(f'"big_extra":{big}' in e.replace(" ", "") for e in extras), extras
+    # the same record again is the same id: a duplicate, not a second row
+    assert ingest([d], wh).duplicates == 2
