@@ -951,6 +951,14 @@ def test_a_chunk_leaves_the_callers_garbage_collector_as_it_found_it():
         (gc.enable if was else gc.disable)()
 
 
+def test_a_chunk_counts_native_records_of_both_paths_in_its_formats():
+    """A native record the typed decoder declines (a token count written as 3.0) is read by the
+    general path: `formats` counts it with the fast-path records, not instead of them."""
+    res = _chunk([BASE + b"}", BASE.replace(b'"t"', b'"u"', 1) + b',"usage":{"prompt_tokens":3.0}}'])
+    assert res.fast == 1 and res.table.num_rows == 2 and not res.bad, res.bad
+    assert res.formats == {"openai_chat": 2}, res.formats
+
+
 # --------------------------------------------------------------------------- regressions
 def test_regression_duplicate_tools_key_must_not_hide_unreadable_json():
     """Regression. `tools` is read by msgspec as Raw (skipped, not validated) and

@@ -172,10 +172,18 @@ def test_a_foreign_record_nested_past_what_json_writes_is_too_deep_not_an_adapte
     assert s.consistent and s.quarantine_reasons == {"too_deep": 3}, s.as_dict()
 
 
-def test_an_adapter_that_exhausts_the_stack_quarantines_its_record_and_the_chunk_goes_on(monkeypatch):
-    """No input here makes an adapter recurse past Python's limit (the reader and the duplicate-key
-    check refuse deep records first), but a user's format adapter can: its record is `too_deep`,
-    kept raw, and the records after it in the same chunk are still read."""
+@pytest.mark.parametrize("error, code", [
+    (RecursionError("maximum recursion depth exceeded"), "too_deep"),
+    (orjson.JSONEncodeError("Recursion limit reached"), "too_deep"),
+    (orjson.JSONEncodeError("Integer exceeds 64-bit range"), "unexpected_error"),
+    (KeyError("k" * 2000), "unexpected_error"),
+])
+def test_an_adapter_that_fails_quarantines_its_record_and_the_chunk_goes_on(monkeypatch, error, code):
+    """An adapter that exhausts the stack, or whose JSON writer meets orjson's 255-level limit,
+    refuses its record as `too_deep` (the input's depth); any other failure is `unexpected_error`
+    (an adapter bug), its message cut at 500 characters. No input here reaches these (the reader
+    and the duplicate-key check refuse deep records first), but a user's format adapter can: the
+    record is kept raw, and the records after it in the same chunk are still read."""
     from datetime import UTC, datetime
     from pathlib import Path
 
@@ -185,17 +193,19 @@ def test_an_adapter_that_exhausts_the_stack_quarantines_its_record_and_the_chunk
     real = adapters.to_native
 
     def to_native(fmt, obj, *args, **kwargs):
-        if obj.get("source") == "recurses":
-            raise RecursionError("maximum recursion depth exceeded")
+        if obj.get("source") == "fails":
+            raise error
         return real(fmt, obj, *args, **kwargs)
 
     monkeypatch.setattr(adapters, "to_native", to_native)
-    payloads = [orjson.dumps({**CHAT, "source": "recurses"}), orjson.dumps({**CHAT, "source": "fine"}),
+    payloads = [orjson.dumps({**CHAT, "source": "fails"}), orjson.dumps({**CHAT, "source": "fine"}),
                 orjson.dumps({**GOOD, "trajectory_id": "n"})]
     ctx = FileContext(Path("in.jsonl"), {}, 1 << 20, {}, "batch", datetime.now(UTC))
     res = normalise_chunk([(p, i + 1, 0) for i, p in enumerate(payloads)], ctx)
-    assert [(raw.line, code) for raw, code, _, _ in res.bad] == [(1, "too_deep")], res.bad
+    assert [(raw.line, got) for raw, got, _, _ in res.bad] == [(1, code)], res.bad
     assert res.bad[0][0].payload == payloads[0]
+    if isinstance(error, KeyError):
+        assert len(res.bad[0][2]) == 500 and res.bad[0][2].startswith("KeyError: "), res.bad[0][2][:40]
     assert res.table.column("source_line").to_pylist() == [2, 3]
     assert res.formats == {adapters.detect(CHAT): 1, adapters.NATIVE: 1}, res.formats
 
