@@ -186,6 +186,18 @@ def test_keys_no_item_has_make_no_overlap():
     assert rep["passed"] and rep["pairs"].num_rows == 0 and set(rep["counts"].values()) == {0}
 
 
+def test_one_id_in_two_splits_is_an_exact_id_pair_however_few_the_rows():
+    """The smallest contaminated assignment, one id in train and in holdout (two rows), is
+    reported as an exact_id pair, as it is among other rows."""
+    item = {"id": "t1", "prompt_text": "the only task", "patch": None, "repo": None, "issue_id": None}
+    for assignments in ([{"id": "t1", "split": "train"}, {"id": "t1", "split": "holdout"}],
+                        [{"id": "t0", "split": "val"}, {"id": "t1", "split": "holdout"}, {"id": "t1", "split": "train"}]):
+        rep = contamination_report(assignments, [item])
+        assert not rep["passed"] and rep["counts"]["exact_id"] == 1, rep["counts"]
+        assert rep["pairs"].select(["kind", "a", "b", "split_a", "split_b"]).to_pylist() == [
+            {"kind": "exact_id", "a": "t1", "b": "t1", "split_a": "train", "split_b": "holdout"}]
+
+
 def _brute(sigs, rows, labels, threshold=0.8):
     """Every pair of `rows` sharing a band, labelled differently and reaching the threshold."""
     b, r = lsh_index.lsh_params(threshold, sigs.shape[1])
