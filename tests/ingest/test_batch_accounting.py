@@ -131,7 +131,8 @@ def test_a_plain_batch_reports_every_count_exactly(tmp_path, wh):
 def test_fast_path_counts_jsonl_lines_up_to_the_record_limit_and_no_document_records(tmp_path, wh, workers):
     """`fast_path` counts the native JSONL lines the typed decoder took: a line of exactly the
     record limit is one of them (the limit is inclusive); a line one byte over is refused unread;
-    records of a `.json` document take the general path (their duplicate keys are checked)."""
+    records of a `.json` document, and a line the typed decoder declines, take the general path
+    (whose bound is the same)."""
     from ratchet.ingest import IngestOptions
 
     d = _inbox(tmp_path)
@@ -140,10 +141,14 @@ def test_fast_path_counts_jsonl_lines_up_to_the_record_limit_and_no_document_rec
     at = head % b"at" + b"x" * ((1 << 20) - len(head % b"at") - len(tail)) + tail
     over = head % b"ov" + b"x" * ((1 << 20) + 1 - len(head % b"ov") - len(tail)) + tail
     assert len(at) == 1 << 20 and len(over) == (1 << 20) + 1
-    (d / "a.jsonl").write_bytes(at + b"\n" + over + b"\n" + _good("small").encode())
+    # a line at the limit the typed decoder declines (a token count of 3.0): the general path's bound
+    usage = b',"usage":{"prompt_tokens":3.0}}'
+    general = head % b"ge" + b"x" * ((1 << 20) - len(head % b"ge") - len(tail) - len(usage) + 1) + tail[:-1] + usage
+    assert len(general) == 1 << 20
+    (d / "a.jsonl").write_bytes(at + b"\n" + over + b"\n" + _good("small").encode() + general + b"\n")
     (d / "b.json").write_text("[" + _good("d1").strip() + "," + _good("d2").strip() + "]")
     s = ingest([d], wh, IngestOptions(max_record_mb=1, workers=workers))
-    assert (s.read, s.accepted, s.quarantine_reasons) == (5, 4, {"record_too_large": 1}), s.as_dict()
+    assert (s.read, s.accepted, s.quarantine_reasons) == (6, 5, {"record_too_large": 1}), s.as_dict()
     assert s.fast_path == 2, s.as_dict()
 
 

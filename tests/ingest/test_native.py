@@ -1065,3 +1065,7 @@ def test_regression_literal_backslash_u0000_text_is_not_a_nul():
     assert _check(payload, {})[0] is None and fast_row(payload, {}) is not None
     res = _chunk([payload])
     assert not res.bad and res.fast == 1
+    # the general path's own check (a record the typed decoder declines: a token count of 3.0)
+    declined = payload[:-1] + b',"usage":{"prompt_tokens":3.0}}'
+    res = _chunk([declined])
+    assert not res.bad and res.fast == 0 and res.table.num_rows == 1, res.bad
