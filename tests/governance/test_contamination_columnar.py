@@ -194,8 +194,21 @@ def test_one_id_in_two_splits_is_an_exact_id_pair_however_few_the_rows():
                         [{"id": "t0", "split": "val"}, {"id": "t1", "split": "holdout"}, {"id": "t1", "split": "train"}]):
         rep = contamination_report(assignments, [item])
         assert not rep["passed"] and rep["counts"]["exact_id"] == 1, rep["counts"]
-        assert rep["pairs"].select(["kind", "a", "b", "split_a", "split_b"]).to_pylist() == [
-            {"kind": "exact_id", "a": "t1", "b": "t1", "split_a": "train", "split_b": "holdout"}]
+        assert rep["pairs"].to_pylist() == [
+            {"kind": "exact_id", "a": "t1", "b": "t1", "split_a": "train", "split_b": "holdout", "score": 1.0}]
+
+
+def test_two_near_copies_in_two_splits_are_a_minhash_pair_with_nothing_else_to_compare():
+    """Two items with text, one in train and one in holdout, their texts near copies: a minhash
+    pair scored by the estimated similarity, and a repo they share is a key pair of score 1."""
+    text = " ".join(f"word{j}" for j in range(80))
+    items = [{"id": "a", "prompt_text": text, "patch": None, "repo": "o/r", "issue_id": None},
+             {"id": "b", "prompt_text": text + " extra", "patch": None, "repo": "o/r", "issue_id": None}]
+    rep = contamination_report([{"id": "a", "split": "train"}, {"id": "b", "split": "holdout"}], items)
+    got = {r["kind"]: r for r in rep["pairs"].to_pylist()}
+    assert set(got) == {"minhash", "repo"}, got
+    assert 0.8 <= got["minhash"]["score"] < 1.0 and got["repo"]["score"] == 1.0, got
+    assert (got["minhash"]["a"], got["minhash"]["split_a"], got["minhash"]["split_b"]) == ("a", "train", "holdout")
 
 
 def _brute(sigs, rows, labels, threshold=0.8):

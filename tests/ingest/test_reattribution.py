@@ -49,3 +49,27 @@ def test_other_content_under_the_same_id_is_still_a_new_record(tmp_path, wh):
     (tmp_path / "b.jsonl").write_text(json.dumps({**GOOD, "trajectory_id": "x", "repo": "other"}) + "\n")
     s = ingest([tmp_path / "b.jsonl"], wh)
     assert (s.accepted, s.attribution_conflicts, s.id_clashes) == (1, 0, 1)
+
+
+def test_a_bad_line_in_a_copied_home_is_the_quarantine_row_it_was(tmp_path):
+    """A quarantine row is named by its file's path inside the landing folder, not by where the
+    home lies: after the home is copied, ingesting the copy's landing finds the bad line already
+    quarantined (a duplicate), where a file outside any landing folder is named by its full path."""
+    import shutil
+
+    from ratchet.home import get_home
+    from ratchet.warehouse import Warehouse
+
+    a = get_home(tmp_path / "a").ensure()
+    (a.landing / "logs").mkdir(parents=True)
+    (a.landing / "logs" / "x.jsonl").write_text("{not json\n" + json.dumps({**GOOD, "trajectory_id": "g"}) + "\n")
+    assert ingest([a.landing], Warehouse(a.warehouse)).quarantined == 1
+    shutil.copytree(a.root, tmp_path / "b")
+    b = get_home(tmp_path / "b")
+    s = ingest([b.landing], Warehouse(b.warehouse))
+    assert (s.read, s.accepted, s.quarantined, s.duplicates) == (2, 0, 0, 2), s.as_dict()
+    assert _one(Warehouse(b.warehouse), "SELECT count(*) FROM quarantine") == [(1,)]
+    # outside the landing folder the same line is another file's
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(b.landing / "logs", elsewhere)
+    assert ingest([elsewhere], Warehouse(b.warehouse)).quarantined == 1
