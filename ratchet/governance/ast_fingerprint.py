@@ -30,8 +30,6 @@ MIN_SKELETON_NODES = 10
 SUBTREE_JACCARD = 0.55
 TOKEN_SHINGLE = 4
 
-_OP_KIND = {ast.BinOp: "binop", ast.Compare: "cmp", ast.BoolOp: "boolop", ast.UnaryOp: "unary", ast.AugAssign: "aug"}
-
 
 @dataclass(frozen=True)
 class Fingerprint:

@@ -211,6 +211,14 @@ def test_two_near_copies_in_two_splits_are_a_minhash_pair_with_nothing_else_to_c
     assert (got["minhash"]["a"], got["minhash"]["split_a"], got["minhash"]["split_b"]) == ("a", "train", "holdout")
 
 
+def test_no_assignment_is_no_overlap():
+    """Before any split there is nothing to overlap: the fraction is 0 and the check passes."""
+    items = [{"id": "a", "prompt_text": "some text here", "patch": None, "repo": "o/r", "issue_id": None}]
+    for assignments in ([], pa.table({"id": pa.array([], pa.string()), "split": pa.array([], pa.string())})):
+        rep = contamination_report(assignments, items)
+        assert rep["passed"] and rep["overlap_fraction"] == 0.0 and rep["pairs"].num_rows == 0, rep
+
+
 def _brute(sigs, rows, labels, threshold=0.8):
     """Every pair of `rows` sharing a band, labelled differently and reaching the threshold."""
     b, r = lsh_index.lsh_params(threshold, sigs.shape[1])
