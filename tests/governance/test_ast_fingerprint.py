@@ -63,10 +63,14 @@ def test_a_patch_is_fingerprinted_by_its_post_image_per_file():
     diff = ("diff --git a/pkg/m.py b/pkg/m.py\nindex 1..2 100644\n--- a/pkg/m.py\n+++ b/pkg/m.py\t2026-01-01\n"
             "@@ -1,7 +1,7 @@\n def f(xs, t):\n     total = 0\n\n     for x in xs:\n-        if x < t:\n+        if x > t:\n"
             "             total += x * 2\n     return total\n"
-            "--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-old words\n+new words\n")
-    assert patch_post_image(diff) == {"pkg/m.py": post, "README.md": "new words"}
+            "--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-old words\n+new = words\n")
+    assert patch_post_image(diff) == {"pkg/m.py": post, "README.md": "new = words"}
     fps = fingerprint_patch(diff)
+    # a file that is not Python is tokens even where its text happens to parse as Python
     assert fps[0] == fingerprint_code(post)[0] and [f.kind for f in fps] == ["function", "tokens"]
+    # code that is not a diff, or a hunk without a path, is parsed as Python
+    assert [f.kind for f in fingerprint_patch(post)] == ["function"]
+    assert [f.kind for f in fingerprint_patch("@@ -1 +1 @@\n+def g(a):\n+    return a + 1\n")] == ["function"]
     assert patch_post_image("@@ -1 +1 @@\n-a\n+b\n") == {"<unknown>": "b"}
     assert patch_post_image("just some text") == {"<text>": "just some text"}
     assert patch_post_image("--- a/x.py\n+++ b/x.py\n+not in a hunk\n") == {"x.py": ""}
@@ -160,3 +164,15 @@ def test_fingerprints_of_different_kinds_never_collide():
     assert collide(parsed, module) == ("skeleton", 1.0)   # a module and a function are both parsed code
     broken = fingerprint_code("def f(:\n    return 1 +")[0]
     assert broken.kind == "tokens" and collide(broken, fingerprint_code("def f(a):\n    return a + 1\n")[0]) is None
+
+
+def test_a_token_fingerprint_holds_one_shingle_per_window_and_one_for_a_short_text():
+    """Unparseable code is shingled in windows of TOKEN_SHINGLE tokens: n - k + 1 windows, and a
+    text no longer than a window is one shingle."""
+    from ratchet.governance.ast_fingerprint import TOKEN_SHINGLE
+
+    ops = "+ - * / % & | ^ ~ < > @".split()
+    for n in (1, 2, TOKEN_SHINGLE - 1, TOKEN_SHINGLE, TOKEN_SHINGLE + 1, 10):
+        fp = fingerprint_code(" ".join(ops[:n]) + " (")   # distinct tokens; an open parenthesis never parses
+        assert fp[0].kind == "tokens" and fp[0].size == n + 1
+        assert len(fp[0].subtrees) == max(n + 1 - TOKEN_SHINGLE + 1, 1), (n, sorted(fp[0].subtrees))
