@@ -225,3 +225,34 @@ def test_a_batch_row_keeps_the_summary_the_ingest_returned_and_its_time(wh, tmp_
     with wh.connect() as con:
         stored = con.execute("SELECT summary, id_clashes FROM ingest_batches WHERE batch_id = ?", [s.batch_id]).fetchone()
     assert json.loads(stored[0]) == json.loads(json.dumps(s.as_dict())) and stored[1] == s.id_clashes == 0
+
+
+def test_rows_of_small_files_are_gathered_into_parts_bounded_by_rows_and_by_bytes(tmp_path, monkeypatch):
+    """Small files' rows are written together, a part ending at PART_ROWS rows or once it holds
+    PART_BYTES of Arrow data: the bytes bound is what keeps many large rows from being held at once."""
+    from datetime import datetime, timezone
+
+    import pyarrow.parquet as pq
+
+    from ratchet import ingest_writer
+    from ratchet.home import get_home
+    from ratchet.ingest_records import FileContext, normalise_chunk
+    from ratchet.warehouse import Warehouse
+
+    d = _inbox(tmp_path)
+    for i in range(12):
+        (d / f"f{i:02d}.jsonl").write_text(_good(f"r{i:02d}"))
+
+    def parts(home_name: str, rows: int, part_bytes: int) -> list[int]:
+        monkeypatch.setattr(ingest_writer, "PART_ROWS", rows)
+        monkeypatch.setattr(ingest_writer, "PART_BYTES", part_bytes)
+        wh = Warehouse(get_home(tmp_path / home_name).ensure().warehouse)
+        wh.ensure_schema()
+        assert ingest([d], wh, ingest_mod.IngestOptions(workers=1)).accepted == 12
+        return sorted(n for n in (pq.read_metadata(p).num_rows for p in wh.trajectory_dir.rglob("*.parquet")) if n)
+
+    # one file's rows as the writer holds them (same path length, same batch id length)
+    ctx = FileContext(d / "f00.jsonl", {}, 1 << 20, {}, "b" * 32, datetime.now(timezone.utc))
+    one = normalise_chunk([(_good("r00").strip().encode(), 1, 0)], ctx).table.nbytes
+    assert parts("by-rows", 5, 1 << 30) == [2, 5, 5]
+    assert parts("by-bytes", 1000, int(one * 2.5)) == [3, 3, 3, 3]
