@@ -73,3 +73,17 @@ def test_a_bad_line_in_a_copied_home_is_the_quarantine_row_it_was(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(b.landing / "logs", elsewhere)
     assert ingest([elsewhere], Warehouse(b.warehouse)).quarantined == 1
+
+
+def test_a_bad_line_quarantined_under_its_full_path_is_found_once_it_lies_in_the_landing_folder(tmp_path, wh):
+    """Quarantine ids name a landing file by its place in the landing folder; a row written
+    before that (or while the file was outside the landing folder) carries its full path. The
+    same bad line read again as a landing file is that row, not a second one."""
+    landing = tmp_path / "landing"
+    (landing / "logs").mkdir(parents=True)
+    (landing / "logs" / "x.jsonl").write_text("{not json\n")
+    elsewhere = IngestOptions(landing=str(tmp_path / "another-landing"))
+    assert ingest([landing], wh, elsewhere).quarantined == 1          # named by its full path
+    s = ingest([landing], wh, IngestOptions(landing=str(landing)))
+    assert (s.read, s.quarantined, s.duplicates) == (1, 0, 1), s.as_dict()
+    assert _one(wh, "SELECT count(*) FROM quarantine") == [(1,)]
