@@ -291,6 +291,7 @@ def _plot(bench: str, spec: BenchSpec, rows: list[dict], path: Path) -> None:
 
 
 MAX_SURVIVORS = 80
+MAX_REASON = 90  # characters of a judged survivor's reason shown on the page
 
 
 def _order(records: dict) -> list[str]:
@@ -316,11 +317,16 @@ def _mutation_detail(res: dict) -> list[str]:
     if judged:
         out += ["", f"Surviving mutants judged equivalent (no behaviour a user can see changes; "
                     f"`docs/results/mutation-equivalent.json` keeps each mutated line and the reason): {len(judged)}", ""]
-        by_why: dict[str, list[str]] = {}
-        for m in judged:   # one line a reason (the mutated lines are in the judgments file)
-            by_why.setdefault(m["equivalent"], []).append(f"`{m['file'].rsplit('/', 1)[-1]}:{m['line']}`")
-        for why, where in by_why.items():
-            out.append(f"- {why}: {', '.join(dict.fromkeys(where))}")
+        by_why: dict[str, dict[str, list]] = {}
+        for m in judged:   # one line a reason, its lines by file (the mutated lines are in the judgments file)
+            lines = by_why.setdefault(m["equivalent"], {}).setdefault(m["file"].rsplit("/", 1)[-1], [])
+            if m["line"] not in lines:
+                lines.append(m["line"])
+        for why, files in by_why.items():
+            # the page keeps under its size limit as judgments accumulate: a long reason is cut
+            # here, the judgments file keeps it whole
+            short = why if len(why) <= MAX_REASON else why[:MAX_REASON].rsplit(" ", 1)[0] + " …"
+            out.append(f"- {short}: " + ", ".join(f"`{f}:{','.join(map(str, ls))}`" for f, ls in files.items()))
     exempt = res.get("exempt") or []
     if exempt:
         out += ["", f"Lines not mutated (`# pragma: no mutate`, each with its reason): {len(exempt)}", ""]

@@ -584,3 +584,18 @@ def test_every_committed_equivalence_judgment_still_describes_the_code():
     from ratchet import mutation
 
     assert mutation.stale_judgments(ROOT / mutation.JUDGED_FILE, ROOT) == []
+
+
+def test_judged_survivors_are_listed_once_a_reason_with_their_lines_by_file_and_a_long_reason_cut():
+    """The page stays under its size limit as judgments accumulate: one line a reason, its lines
+    grouped by file, a reason longer than MAX_REASON cut at a word (the judgments file keeps it)."""
+    from ratchet.results import MAX_REASON, _mutation_detail
+
+    long_why = "a reason " + "that goes on " * 20
+    surv = [{"id": i, "file": f, "line": ln, "code": "x", "equivalent": why} for i, (f, ln, why) in enumerate([
+        ("pkg/a.py", 3, "short"), ("pkg/a.py", 9, "short"), ("pkg/b.py", 2, "short"), ("pkg/a.py", 3, "short"),
+        ("pkg/a.py", 5, long_why)])]
+    page = "\n".join(_mutation_detail({"files": {}, "survivors": surv}))
+    assert "- short: `a.py:3,9`, `b.py:2`" in page
+    cut = [ln for ln in page.splitlines() if ln.startswith("- a reason")][0]
+    assert cut.endswith(" …: `a.py:5`") and len(cut.split(" …:")[0]) <= MAX_REASON + 2 and long_why.startswith(cut[2:-12])
