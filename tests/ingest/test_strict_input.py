@@ -249,3 +249,11 @@ def test_a_foreign_record_holding_an_integer_past_64_bits_is_accepted_with_it_ex
     assert all(f'"big_extra":{big}' in e.replace(" ", "") for e in extras), extras
     # the same record again is the same id: a duplicate, not a second row
     assert ingest([d], wh).duplicates == 2
+    # the id hashes the record with its keys sorted at every level, integers past 64 bits included,
+    # and is the one orjson gave before for every record orjson can write
+    import hashlib
+
+    from ratchet.adapters.common import stable_id
+    assert stable_id("p", {"x": {"b": 10**30, "a": 1}, "y": 2}) == stable_id("p", {"y": 2, "x": {"a": 1, "b": 10**30}})
+    small = {"y": 2, "x": {"b": 3, "a": 1}}
+    assert stable_id("p", small) == "p:" + hashlib.sha256(orjson.dumps(small, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
