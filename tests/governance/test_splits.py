@@ -98,6 +98,27 @@ def test_tampered_or_missing_manifest_fails(tmp_path):
         assign_splits(items, manifest=bad)
 
 
+def test_a_refused_manifest_quotes_both_hashes_by_their_first_12_characters_and_cannot_be_edited_in_place(tmp_path):
+    """The tamper errors name the two hashes the same way everywhere (12 characters, then `...`),
+    so a user can match them against the warehouse's `manifest_sha256`; a manifest is frozen: a
+    caller cannot change its tasks after it was verified."""
+    import dataclasses
+    import hashlib
+
+    m = create_manifest(["t1", "t2"], locked_by="lead", now=NOW)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.task_ids = ("t9",)
+    forged = dataclasses.replace(m, task_ids=("t1", "t9"))
+    actual = hashlib.sha256(b"t1\nt9").hexdigest()
+    with pytest.raises(ManifestError) as err:
+        verify_manifest(forged)
+    assert str(err.value) == f"holdout manifest tampered: sha256 of its 2 ids is {actual[:12]}..., manifest says {m.sha256[:12]}..."
+    other = "f" * 64
+    with pytest.raises(ManifestError) as err:
+        verify_manifest(m, expected_sha256=other)
+    assert str(err.value) == f"holdout manifest sha256 {m.sha256[:12]}... differs from the recorded ffffffffffff..."
+
+
 def test_a_manifest_saves_into_a_new_folder_over_an_old_file_and_reads_locked_by_default(tmp_path):
     """`save_manifest` creates the folder and replaces an existing file; a manifest written
     without a `locked` field (as before unlocking existed) reads as locked."""
