@@ -28,6 +28,18 @@ def test_a_grant_revoked_at_this_instant_is_revoked():
     assert decide(_traj(NOW - timedelta(days=1)), {"C-1": later}, NOW, "acme") == (None, "")
 
 
+def test_a_loaded_grant_cannot_be_revoked_or_widened_in_place():
+    """A grant is a record of the registry as read: code that holds one cannot clear its
+    revocation or add a scope; a change goes through the registry file and a new read."""
+    import dataclasses
+
+    g = _grant(revoked_at=NOW)
+    for field, value in (("revoked_at", None), ("scopes", ("train", "eval"))):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(g, field, value)
+    assert g.revoked_at == NOW and g.scopes == ("train",)
+
+
 def test_retention_holds_to_its_last_instant_and_not_a_second_more():
     g = {"C-1": _grant(retention_days=30)}
     assert decide(_traj(NOW - timedelta(days=30)), g, NOW, "acme") == (None, "")
