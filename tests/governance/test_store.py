@@ -307,6 +307,27 @@ def test_checkpoint_flags_follow_revocation_and_stay_sticky(wh, tmp_path):
         assert _ids(con, "SELECT checkpoint_id FROM checkpoints WHERE flagged") == ["ck-acme-1"]
 
 
+def test_a_checkpoint_is_flagged_by_its_registered_grant_after_its_records_are_gone(con):
+    """Revocation purges a grant's data, so its records may no longer be in `trajectories` when
+    the flags are computed: the grant ids registered with the checkpoint still flag it. A
+    checkpoint registered without a time gets the registration time; the counts the
+    checkpoint_flags asset reports are the table's."""
+    grant = {"consent_id": "C-GONE", "tenant_id": "acme", "scopes": ["train"], "retention_days": 90,
+             "granted_at": datetime(2026, 9, 1, tzinfo=timezone.utc)}
+    before = datetime.now(timezone.utc)
+    checkpoints.register_checkpoint(con, "ck-purged", "acme", ["r-deleted-1", "r-deleted-2"], consent_ids=["C-GONE"])
+    checkpoints.register_checkpoint(con, "ck-kept", "acme", [], consent_ids=["C-OTHER"],
+                                    created_at=datetime(2026, 10, 1, tzinfo=timezone.utc))
+    created = {r["checkpoint_id"]: r["created_at"] for r in store.fetch(con, "SELECT checkpoint_id, created_at FROM checkpoints")}
+    assert before <= created["ck-purged"].astimezone(timezone.utc) <= datetime.now(timezone.utc)
+    assert created["ck-kept"] == datetime(2026, 10, 1, tzinfo=timezone.utc)
+    store.replace(con, "consent_grants", [{**grant, "revoked_at": datetime(2026, 11, 14, tzinfo=timezone.utc)}])
+    flags, new = checkpoints.flag_checkpoints(con, NOW)
+    assert new == ["ck-purged"]
+    assert [(f["checkpoint_id"], f["consent_id"], f["n_records"]) for f in flags] == [("ck-purged", "C-GONE", 0)]
+    assert store.fetch(con, checkpoints.CHECKPOINT_COUNTS_SQL) == [{"total": 2, "flagged": 1}]
+
+
 def test_sft_coverage_is_recorded_per_checkpoint_and_a_rerun_replaces_it(con):
     """What an SFT checkpoint was offered and trained on, row by row, with the reason a row did
     not train; the same checkpoint recorded again replaces its rows, another keeps its own, and
@@ -325,6 +346,7 @@ def test_sft_coverage_is_recorded_per_checkpoint_and_a_rerun_replaces_it(con):
     assert [(r["record_id"], r["trains"], r["reason"]) for r in rows] == [
         ("r1", True, None), ("r2", True, None), ("r3", False, "no assistant turn"), ("r4", False, "too long")]
     assert {(r["sft_data"], r["dagster_run_id"]) for r in rows} == {("all", "run-1")}
+    assert all(r["created_at"] is not None for r in store.fetch(con, "SELECT created_at FROM sft_coverage"))
     view = store.fetch(con, "SELECT * FROM v_sft_coverage WHERE checkpoint_id = 'ck-1' ORDER BY source_format")
     assert [(v["source_format"], v["trajectories"], v["trained"], v["not_trained"], v["reasons"], v["trainable_turns"],
              v["turns"]) for v in view] == [("ratchet", 1, 1, 0, None, 2, 4),
