@@ -357,3 +357,28 @@ def test_no_accepted_task_keeps_the_suite_and_records_why(home, cache, user_task
     assert _q(home.root, "SELECT task_id FROM tasks ORDER BY 1") == before and before
     assert [(r["task"], r["reason"]) for r in _q(home.root, "SELECT task, reason FROM task_rejections")] == \
         [("harbor/already-solved", "tests_pass_before_fix")]
+
+
+def test_a_task_row_takes_its_solution_slice_and_load_time_from_the_bundle():
+    """`solution` (what contamination compares) is `solution.py` where a bundle has one, else its
+    first non-test Python file by path; `slice` is the operator family, else the root cause's
+    family; `loaded_at` is the time given, else the time of the call."""
+    from datetime import datetime, timezone
+
+    from ratchet.governance.tasks import task_rows
+    from sandboxes.bundle import TaskBundle
+
+    humaneval = TaskBundle(task_id="he", files={"solution.py": "S", "a.py": "A", "test_solution.py": "T"},
+                           metadata={"slices": {"operator_family": "compare"}, "root_cause": {"family": "other"}})
+    own = TaskBundle(task_id="own", files={"README.md": "R", "tests/test_text.py": "T", "pkg/text.py": FIXED,
+                                           "pkg/zz.py": "Z"},
+                     metadata={"root_cause": {"family": "string-case"}})
+    no_python = TaskBundle(task_id="doc", files={"notes.txt": "N", "tests/test_x.py": "T"})
+    at = datetime(2026, 10, 1, tzinfo=timezone.utc)
+    rows = {r["task_id"]: r for r in task_rows([humaneval, own, no_python], suite_key="k", loaded_at=at)}
+    assert [(rows[t]["solution"], rows[t]["slice"]) for t in ("he", "own", "doc")] == [
+        ("S", "compare"), (FIXED, "string-case"), (None, None)]
+    assert {r["loaded_at"] for r in rows.values()} == {at}
+    before = datetime.now(timezone.utc)
+    (row,) = task_rows([own], suite_key="k")
+    assert before <= row["loaded_at"] <= datetime.now(timezone.utc)
