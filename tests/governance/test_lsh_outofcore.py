@@ -229,6 +229,12 @@ def test_gather_reads_mapped_rows_a_window_at_a_time_and_drops_each(tmp_path, mo
         for r in set(rows.tolist()):
             assert any(off <= r * 128 < off + ln for off, ln in calls)
         assert np.array_equal(lsh_index._gather(sigs, rows[:0], release=lambda *a: None), want[:0])
+        # sparse rows: none in the first window, the last alone far past the others
+        sparse = np.array([4999, 600, 1100, 600])
+        calls = []
+        assert np.array_equal(lsh_index._gather(sigs, sparse, release=lambda off, ln: calls.append((off, ln))),
+                              want[sparse])
+        assert calls == [(w * 512 * 128, 512 * 128) for w in (1, 2, 9)]
         del sigs, got
         mm.close()
 
