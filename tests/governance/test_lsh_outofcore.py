@@ -386,3 +386,43 @@ def test_spanning_pairs_form_a_forest_and_a_pair_at_the_threshold_is_kept(backen
     half = base.copy()
     half[64:] = other[64:]
     assert lsh_pairs(["a", "b"], np.stack([base, half]), 0.5, backend=backend) == [("a", "b", 0.5)]
+
+
+def test_the_memory_limit_and_spill_folder_given_else_from_the_environment_reach_duckdb(tmp_path, monkeypatch):
+    """`memory_limit` and `tmp_dir` win over RATCHET_DEDUP_MEMORY_LIMIT and RATCHET_DEDUP_TMP,
+    which win over 256MB and the system temp folder: the limit is what DuckDB is set to, the
+    folder is where the band keys and DuckDB's spill files go (created if missing)."""
+    import duckdb
+
+    settings, folders = [], []
+
+    class Recording:
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *a):
+            if sql.startswith("set memory_limit"):
+                settings.append(sql.split("'")[1])
+            return self.con.execute(sql, *a)
+
+        def __getattr__(self, name):
+            return getattr(self.con, name)
+
+    connect, mkdtemp = duckdb.connect, lsh_index.tempfile.mkdtemp
+    monkeypatch.setattr(duckdb, "connect", lambda *a, **k: Recording(connect(*a, **k)))
+    monkeypatch.setattr(lsh_index.tempfile, "mkdtemp", lambda **k: folders.append(k["dir"]) or mkdtemp(**k))
+    sigs = signatures(["alpha beta gamma delta epsilon zeta eta theta"] * 2 + ["one two three four five six"])
+
+    def run(**kw):
+        return [(a.tolist(), c.tolist()) for a, c, _ in lsh_index.candidate_pairs_ooc(sigs, 0.8, **kw)]
+
+    monkeypatch.delenv("RATCHET_DEDUP_MEMORY_LIMIT", raising=False)
+    monkeypatch.delenv("RATCHET_DEDUP_TMP", raising=False)
+    assert run() == [([0], [1])]
+    monkeypatch.setenv("RATCHET_DEDUP_MEMORY_LIMIT", "200MB")
+    monkeypatch.setenv("RATCHET_DEDUP_TMP", str(tmp_path / "env"))
+    assert run() == [([0], [1])]
+    assert run(memory_limit="300MB", tmp_dir=str(tmp_path / "given" / "deeper")) == [([0], [1])]
+    assert settings == ["256MB", "200MB", "300MB"]
+    assert folders == [None, str(tmp_path / "env"), str(tmp_path / "given" / "deeper")]
+    assert (tmp_path / "env").is_dir() and not list((tmp_path / "given" / "deeper").iterdir())  # work removed

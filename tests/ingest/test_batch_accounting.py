@@ -256,3 +256,4 @@ def test_rows_of_small_files_are_gathered_into_parts_bounded_by_rows_and_by_byte
     one = normalise_chunk([(_good("r00").strip().encode(), 1, 0)], ctx).table.nbytes
     assert parts("by-rows", 5, 1 << 30) == [2, 5, 5]
     assert parts("by-bytes", 1000, one * 3) == [3, 3, 3, 3]    # the bound is inclusive
+    assert parts("by-bytes-each", 1000, one * 2 + 1) == [3, 3, 3, 3]  # each part counts its own bytes from 0
