@@ -272,3 +272,14 @@ def test_cross_label_pairs_equal_brute_force(tmp_path):
     assert list(lsh_index.mixed_component_pairs(sigs, 0.8, one_label)) == []
     with pytest.raises(ValueError, match="spanning"):
         list(lsh_index.candidate_pairs_ooc(sigs, 0.8, spanning=True, labels=labels))
+
+
+def test_labels_past_a_byte_stay_apart():
+    """Labels are stored in one byte only while they fit: two near copies labelled 0 and 256 (or
+    1 and 257) are still a cross-label pair, not one label wrapped onto the other."""
+    sigs = signatures(["the same words in the same order here"] * 2)
+    for labels in ([0, 256], [257, 1]):
+        got = [(int(x), int(y)) for a, c, _ in lsh_index.candidate_pairs_ooc(sigs, 0.8, labels=np.array(labels))
+               for x, y in zip(a, c)]
+        assert got == [(0, 1)]
+    assert list(lsh_index.candidate_pairs_ooc(sigs, 0.8, labels=np.array([3, 3]))) == []

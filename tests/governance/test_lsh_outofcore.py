@@ -195,6 +195,16 @@ def test_spanning_checks_the_pairs_of_a_group_whose_first_row_matches_nothing():
     span = list(lsh_index.candidate_pairs_ooc(sigs, 0.8, spanning=True))
     assert _labels(4, span) == _labels(4, full) == [0, 1, 1, 2]
     assert [(int(x), int(y)) for a, c, _ in span for x, y in zip(a, c)] == [(1, 2)]
+    # the same, with 1 and 2 at the threshold exactly (64 of 128 slots) and sharing no band but the
+    # one row 0 heads: only the group's pair-by-pair check can join them, and it keeps the pair
+    b, r = lsh_index.lsh_params(0.5, 128)
+    sigs = rng.integers(0, 2**32, size=(3, 128), dtype=np.uint64).astype(np.uint32)
+    same = list(range(r)) + [j * r + k for j in range(1, 15) for k in range(r - 1)] + list(range(b * r, 128))
+    assert len(same) == 64
+    sigs[2, same] = sigs[1, same]
+    sigs[0, :r] = sigs[1, :r]
+    span = list(lsh_index.candidate_pairs_ooc(sigs, 0.5, spanning=True))
+    assert [(int(x), int(y), float(s)) for a, c, sc in span for x, y, s in zip(a, c, sc)] == [(1, 2, 0.5)]
 
 
 def test_spanning_gives_the_components_of_every_verified_pair(corpus):
