@@ -3,6 +3,8 @@ worker costs ~0.5 s), and all gone when `ingest` returns (joined, not left to ex
 import concurrent.futures
 import os
 
+import pytest
+
 import ratchet.ingest as ing
 import ratchet.ingest_ranges as rg
 from ratchet.ingest import IngestOptions, ingest
@@ -51,3 +53,43 @@ def test_every_worker_has_ended_when_ingest_returns(wh, tmp_path, monkeypatch):
     s = ingest([tmp_path / "a.jsonl"], wh, IngestOptions(workers=2))
     assert s.accepted == 300
     assert _workers_alive(before) == []
+
+
+# A pool like ingest's (spawned, `worker_init` first): each worker reports the signal the kernel
+# sends it when its parent ends, and whether it can import pandas.
+WORKER_SCRIPT = r"""
+import concurrent.futures, ctypes, multiprocessing as mp
+
+def probe():
+    sig = ctypes.c_int(-1)
+    ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # 2 = PR_GET_PDEATHSIG
+    try:
+        import pandas  # noqa: F401
+        blocked = False
+    except ImportError:
+        blocked = True
+    return sig.value, blocked
+
+if __name__ == "__main__":
+    from ratchet.ingest_ranges import worker_init
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=worker_init) as pool:
+        print(*pool.submit(probe).result())
+"""
+
+
+def test_a_worker_is_armed_to_die_with_its_parent_and_cannot_import_pandas(tmp_path):
+    """The kernel SIGKILLs an ingest worker the moment its parent ends (PR_SET_PDEATHSIG; the
+    polling thread is only the fallback, up to a second later), and pandas is unimportable in it
+    (pyarrow's 0.3 s pandas check skipped), while every other name imports as usual."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "pool.py"
+    script.write_text(WORKER_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == [str(int(signal.SIGKILL)), "True"]
+    for name in ("pandas", "pandas.core.frame"):
+        with pytest.raises(ImportError, match="not imported in ingest workers"):
+            rg.NoPandas.find_spec(name)
+    assert rg.NoPandas.find_spec("pandasql") is None and rg.NoPandas.find_spec("numpy") is None
