@@ -64,3 +64,15 @@ def test_a_file_without_long_lines_is_ranges_only(tmp_path, final_newline):
     pieces = list(split_ranges(p, 64, LIMIT))
     _check(pieces, data, lines)
     assert {k for k, *_ in pieces} == {"range"} and len(pieces) > 1
+
+
+@pytest.mark.parametrize("first", [LIMIT, LIMIT + 1])
+@pytest.mark.parametrize("target", [16, 1 << 10])
+def test_the_first_line_is_measured_from_the_first_byte(tmp_path, target, first):
+    """A first line one byte over the limit is long, one at the limit is a range, whether or not
+    the first block holds its newline."""
+    lines = [b"a" * first] + [b'{"n": %d}' % i for i in range(5)]
+    p, data = _file(tmp_path, lines, True)
+    pieces = list(split_ranges(p, target, LIMIT))
+    _check(pieces, data, lines)
+    assert pieces[0][0] == ("long" if first > LIMIT else "range")
