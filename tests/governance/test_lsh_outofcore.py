@@ -436,3 +436,22 @@ def test_the_memory_limit_and_spill_folder_given_else_from_the_environment_reach
     assert settings == ["256MB", "200MB", "300MB"]
     assert folders == [None, str(tmp_path / "env"), str(tmp_path / "given" / "deeper")]
     assert (tmp_path / "env").is_dir() and not list((tmp_path / "given" / "deeper").iterdir())  # work removed
+
+
+def test_whole_groups_keeps_each_key_group_in_one_chunk_whatever_the_batch_sizes():
+    """DuckDB's reader may hand over batches of any size, one row included: every chunk holds
+    whole key groups, and the chunks are the stream in order."""
+    import pyarrow as pa
+
+    keys = np.array([1, 1, 2, 3, 3, 3, 4, 5, 5], dtype=np.uint64)
+    ids = np.arange(len(keys), dtype=np.int64) * 10
+    for sizes in ([1] * 9, [1, 2, 1, 3, 2], [9], [2, 7], [5, 1, 3], [0, 4, 0, 5]):
+        cuts = np.cumsum([0] + sizes)
+        batches = [pa.record_batch([pa.array(keys[a:b]), pa.array(ids[a:b])], names=["key", "id"])
+                   for a, b in zip(cuts[:-1], cuts[1:])]
+        chunks = list(lsh_index._whole_groups(iter(batches)))
+        assert np.array_equal(np.concatenate([k for k, _ in chunks]), keys)
+        assert np.array_equal(np.concatenate([i for _, i in chunks]), ids)
+        assert all(len(k) for k, _ in chunks)
+        for (k1, _), (k2, _) in zip(chunks, chunks[1:]):
+            assert k1[-1] != k2[0], sizes        # no group split across two chunks
