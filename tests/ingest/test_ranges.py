@@ -68,11 +68,17 @@ def test_a_file_without_long_lines_is_ranges_only(tmp_path, final_newline):
 
 @pytest.mark.parametrize("first", [LIMIT, LIMIT + 1])
 @pytest.mark.parametrize("target", [16, 1 << 10])
-def test_the_first_line_is_measured_from_the_first_byte(tmp_path, target, first):
+def test_a_first_or_last_line_at_the_limit_is_a_range_and_one_byte_over_is_long(tmp_path, target, first):
     """A first line one byte over the limit is long, one at the limit is a range, whether or not
-    the first block holds its newline."""
+    the first block holds its newline; so is a last line without a newline."""
     lines = [b"a" * first] + [b'{"n": %d}' % i for i in range(5)]
     p, data = _file(tmp_path, lines, True)
     pieces = list(split_ranges(p, target, LIMIT))
     _check(pieces, data, lines)
     assert pieces[0][0] == ("long" if first > LIMIT else "range")
+    # the same bound for a last line without a newline
+    lines = [b'{"n": %d}' % i for i in range(5)] + [b"a" * first]
+    p, data = _file(tmp_path, lines, False)
+    pieces = list(split_ranges(p, target, LIMIT))
+    _check(pieces, data, lines)
+    assert pieces[-1][0] == ("long" if first > LIMIT else "range")
