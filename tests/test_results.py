@@ -149,7 +149,7 @@ def test_mutation_results_come_from_mutmuts_cache(tmp_path):
                                  "code": "if left or entered:", "index": 1, "text": "    if left or entered:"}]
     assert res["ratio"] == round(1 / 3, 4)
     assert mutation.main(["--cache", str(cache), "--label", "governance", "--results-dir", str(tmp_path / "r")]) == 0
-    page = (tmp_path / "r" / "README.md").read_text()
+    page = (tmp_path / "r" / "mutation.md").read_text()
     assert "- 2: `ratchet/governance/holdout.py:10` `if left or entered:`" in page
     assert "mutmut over governance" in page
     assert mutation.main(["--cache", str(tmp_path / "none"), "--label", "x", "--results-dir", str(tmp_path)]) == 2
@@ -183,7 +183,7 @@ def test_a_mutation_record_lists_every_line_mutmut_was_told_to_skip(tmp_path):
     assert rec["result"]["exempt"] == [
         {"file": "pkg/m.py", "line": 1, "code": "ROWS = 4096", "why": "a batch size: any value gives the same rows"},
         {"file": "pkg/m.py", "line": 2, "code": "LIMIT = 3", "why": "(no reason given)"}]
-    page = (tmp_path / "r" / "README.md").read_text()
+    page = (tmp_path / "r" / "mutation.md").read_text()
     assert "Lines not mutated (`# pragma: no mutate`, each with its reason): 2" in page
     assert "- `pkg/m.py:1` `ROWS = 4096`: a batch size: any value gives the same rows" in page
 
@@ -542,13 +542,20 @@ def test_a_survivor_judged_equivalent_is_listed_with_its_reason_and_a_changed_li
     assert mutation.main(["--cache", str(cache), "--label", "pkg", "--results-dir", str(out), "--root", str(root)]) == 0
     rec = json.loads((out / "mutation.jsonl").read_text().splitlines()[-1])["result"]
     assert (rec["survived"], rec["equivalent"], rec["open"]) == (4, 2, 2)
-    page = (out / "README.md").read_text()
+    assert "Surviving mutants" not in (out / "README.md").read_text()   # the lists have their own page
+    assert "[mutation.md](mutation.md)" in (out / "README.md").read_text()
+    page = (out / "mutation.md").read_text()
+    assert page.startswith("# Mutation testing") and "[the results page](README.md#mutation)" in page
     open_part, judged_part = page.split("Surviving mutants judged equivalent")
     assert "- 2: `pkg/m.py:4` `return x + 1`" in open_part.split("each needs a test")[1]
     assert "- 5: `pkg/m.py:10` `return 0`" in open_part.split("each needs a test")[1]
     assert "- g's value is never read: `m.py:7`" in judged_part
     assert "- a buffer size: any value reads the same bytes: `m.py:1`" in judged_part
     assert "BUF" not in open_part.split("each needs a test")[1]
+    from ratchet import results
+    assert results.stale(out) == []
+    (out / "mutation.md").write_text(page + "edited by hand\n")    # a generated page: --check says so
+    assert results.stale(out) == [str(out / "mutation.md")]
 
     # the line changes: the judgment is stale and no longer applies
     (root / "pkg" / "m.py").write_text("\n" + src.replace("4096", "8192"))
@@ -574,7 +581,7 @@ def test_a_survivor_no_test_runs_is_marked_from_the_runs_test_map(tmp_path):
     assert res["no_test"] == 1 and [bool(m.get("no_test")) for m in res["survivors"]] == [False, True]
     out = tmp_path / "r"
     assert mutation.main(["--cache", str(cache), "--label", "pkg", "--results-dir", str(out), "--root", str(tmp_path)]) == 0
-    page = (out / "README.md").read_text()
+    page = (out / "mutation.md").read_text()
     assert "- 1: `pkg/m.py:2` `return x + 1`\n" in page and "- 2: `pkg/m.py:5` `return 0` (no test runs this line)" in page
 
 
