@@ -283,3 +283,13 @@ def test_labels_past_a_byte_stay_apart():
                for x, y in zip(a, c)]
         assert got == [(0, 1)]
     assert list(lsh_index.candidate_pairs_ooc(sigs, 0.8, labels=np.array([3, 3]))) == []
+
+
+def test_a_component_of_two_rows_with_two_labels_is_searched():
+    """The smallest mixed component, two near copies under two labels beside unrelated rows, still
+    gets its second pass: the pair is listed."""
+    texts = ["the same words in the same order here"] * 2 + [f"unrelated text number {i} of many" for i in range(4)]
+    sigs = signatures(texts)
+    got = [(int(x), int(y)) for a, c, _ in lsh_index.mixed_component_pairs(sigs, 0.8, np.array([0, 1, 0, 0, 1, 1]))
+           for x, y in zip(a, c)]
+    assert got == [(0, 1)]
