@@ -81,8 +81,9 @@ validate: install
 # never `mutmut show` in $(MUT_DIR) during a run: it re-aligns the cache with the file holding the
 # mutant under test, and the run stops) and recorded, with the commit, in
 # docs/results/mutation.jsonl, the results page and docs/results/mutation.md (ratchet/mutation.py).
-# Exit code 0 even with survivors. String mutations are off: they change messages, not behaviour, and mutmut 2.5.1
-# crashes on a multi-line f-string ("Attribute Mutant.line is required") and then hangs.
+# Exit code 0 even with survivors. String mutations are off: they change messages, not behaviour,
+# and mutmut 2.5.1 crashes on a multi-line f-string ("Attribute Mutant.line is required") and then
+# hangs.
 # Verdicts carry over between runs: a killed mutant whose line is unchanged is not run again,
 # survivors are run again when their target's test folder changed, unless judged equivalent (--tests-dir is that folder,
 # not all of tests/: a survivor costs every test that calls its code, minutes each, and a test
