@@ -81,10 +81,12 @@ def test_a_worker_is_armed_to_die_with_its_parent_and_cannot_import_pandas(tmp_p
     """The kernel SIGKILLs an ingest worker the moment its parent ends (PR_SET_PDEATHSIG; the
     polling thread is only the fallback, up to a second later), and pandas is unimportable in it
     (pyarrow's 0.3 s pandas check skipped), while every other name imports as usual."""
+    import importlib.util
     import signal
     import subprocess
     import sys
 
+    assert importlib.util.find_spec("pandas") is not None  # installed: only the worker's finder can refuse it
     script = tmp_path / "pool.py"
     script.write_text(WORKER_SCRIPT)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
